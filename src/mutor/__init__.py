@@ -1,0 +1,8 @@
+"""mutor: multi-token prediction with register tokens (MuToR) for transformers causal LMs."""
+
+from .config import MuToRConfig
+from .layout import RegisterLayout, build_layout
+from .model import MuToRModel, MuToROutput
+
+__all__ = ["MuToRConfig", "MuToRModel", "MuToROutput", "RegisterLayout", "build_layout"]
+__version__ = "0.1.0"

@@ -1,0 +1,56 @@
+"""Command line: ``mutor demo`` (or ``python -m mutor.cli demo``). The logic lives in :mod:`mutor.demo`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Optional, Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo", help="train a tiny Llama with next-token prediction and with MuToR on path-star graphs (CPU)",
+        description="Train a tiny random-init Llama twice (same init, same data order): next-token prediction, "
+                    "then MuToR. Reports held-out exact match and first-hop accuracy, and writes results.json, "
+                    "results.md and accuracy.png into --output-dir. Defaults take about 5-10 minutes on 2 CPU cores.")
+    demo.add_argument("--steps", type=int, default=None, help="training steps per method (default 1500; --tiny: 30)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the data, the initialisation and the data order")
+    demo.add_argument("--output-dir", default="runs/demo", help="where results go (default: runs/demo)")
+    demo.add_argument("--tiny", action="store_true", help="a ~20-second smoke run (nothing is learned)")
+    demo.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval in steps")
+    demo.add_argument("--num-test", type=int, default=None, help="held-out graphs (default 500)")
+    demo.add_argument("--degree", type=int, default=None, help="arms of the star graph (default 2)")
+    demo.add_argument("--path-len", type=int, default=None, help="nodes on the answer path (default 5)")
+    demo.add_argument("--num-nodes", type=int, default=None, help="node labels to draw from (default 50)")
+    demo.add_argument("--quiet", action="store_true", help="print nothing")
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    s = demo.tiny_settings() if args.tiny else demo.DemoSettings()
+    over = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("eval_every", args.eval_every),
+                              ("num_test", args.num_test)) if v is not None}
+    task = {k: v for k, v in (("degree", args.degree), ("path_len", args.path_len),
+                              ("num_nodes", args.num_nodes)) if v is not None}
+    if task:
+        over["task"] = replace(s.task, **task)
+    s = replace(s, **over)
+    if s.steps < 1 or s.eval_every < 1 or s.num_test < 1:
+        raise SystemExit("mutor demo: --steps, --eval-every and --num-test must be >= 1")
+    demo.run_demo(s, args.output_dir, quiet=args.quiet)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(None if argv is None else [str(a) for a in argv])
+    if args.command == "demo":
+        return _demo(args)
+    raise AssertionError(args.command)  # pragma: no cover
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""MuToRConfig: every knob of the register objective, validated on construction.
+
+A plain dataclass whose fields all carry ``metadata={"help": ...}``, so that
+``transformers.HfArgumentParser`` and YAML recipes work with no extra code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+SIDECAR_CONFIG = "mutor_config.json"
+
+
+@dataclass
+class MuToRConfig:
+    d_max: int = field(
+        default=4,
+        metadata={"help": "Largest prediction offset d: a register after x_t predicts x_{t+d}, "
+                  "d sampled uniformly per sequence from {min_offset..d_max}."},
+    )
+    min_offset: int = field(
+        default=1,
+        metadata={"help": "Smallest offset d. 1 lets registers predict the next token too; "
+                  "the star-graph recipe uses 2 so that registers never learn the next-token shortcut."},
+    )
+    loss_weight: float = field(
+        default=0.3,
+        metadata={"help": "a in loss = (1-a)*L_ntp + a*L_reg; must lie in [0, 1)."},
+    )
+    num_registers: Optional[int] = field(
+        default=None,
+        metadata={"help": "None: one register after every eligible token. An int n: n registers per sequence "
+                  "at eligible positions sampled at random (all of them if fewer are eligible)."},
+    )
+    register_embedding: str = field(
+        default="shared",
+        metadata={"help": "'shared': one learnable register vector for all offsets (the paper's default). "
+                  "'per_offset': one vector per offset choice."},
+    )
+    prefix_attention: str = field(
+        default="causal",
+        metadata={"help": "'causal': ordinary causal attention everywhere. 'bidirectional': prompt tokens "
+                  "(those before the first supervised label of each document) attend to each other both ways, "
+                  "the paper's setting for every method in its fine-tuning runs."},
+    )
+    d_max_2d: Optional[int] = field(
+        default=None,
+        metadata={"help": "2D offset mode for raster-ordered image tokens: (d_h, d_w) sampled uniformly from "
+                  "{1..d_max_2d}^2 without (1,1), d = (d_h-1)*grid_width + d_w - 1. None: 1D offsets."},
+    )
+    grid_width: Optional[int] = field(
+        default=None,
+        metadata={"help": "Width w of the token grid in 2D mode (tokens per raster row)."},
+    )
+    grid_start: int = field(
+        default=0,
+        metadata={"help": "2D mode: position id of the first grid token (the number of conditioning tokens "
+                  "before the image, e.g. 1 for a class token). Registers are placed only after grid tokens."},
+    )
+    seed: Optional[int] = field(
+        default=None,
+        metadata={"help": "Seed of a private generator for offsets and register placement. None: use torch's "
+                  "global RNG (which transformers.Trainer seeds and restores on resume)."},
+    )
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, name: str, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"MuToRConfig.{name}: {msg} (got {getattr(self, name)!r})")
+
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        need(is_int(self.d_max) and self.d_max >= 1, "d_max", "must be an integer >= 1")
+        need(is_int(self.min_offset) and self.min_offset >= 1, "min_offset", "must be an integer >= 1")
+        need(self.min_offset <= self.d_max, "min_offset", f"must be <= d_max={self.d_max}")
+        need(isinstance(self.loss_weight, (int, float)) and not isinstance(self.loss_weight, bool)
+             and 0.0 <= float(self.loss_weight) < 1.0, "loss_weight", "must lie in [0, 1)")
+        need(self.num_registers is None or (is_int(self.num_registers) and self.num_registers >= 1),
+             "num_registers", "must be None (all eligible positions) or an integer >= 1")
+        need(self.register_embedding in ("shared", "per_offset"), "register_embedding",
+             "must be 'shared' or 'per_offset'")
+        need(self.prefix_attention in ("causal", "bidirectional"), "prefix_attention",
+             "must be 'causal' or 'bidirectional'")
+        need(self.seed is None or is_int(self.seed), "seed", "must be None or an integer")
+        need(is_int(self.grid_start) and self.grid_start >= 0, "grid_start", "must be an integer >= 0")
+        if self.d_max_2d is None:
+            need(self.grid_width is None, "grid_width", "is only used in 2D mode; set d_max_2d too")
+        else:
+            need(is_int(self.d_max_2d) and self.d_max_2d >= 2, "d_max_2d",
+                 "must be an integer >= 2 ((1,1) is excluded, so 1 leaves no offset)")
+            need(is_int(self.grid_width) and self.grid_width >= 1, "grid_width",
+                 "must be a positive integer in 2D mode")
+            need(self.d_max_2d <= self.grid_width, "d_max_2d", f"must be <= grid_width={self.grid_width}")
+
+    # ------------------------------------------------------------------ offsets
+    @property
+    def is_2d(self) -> bool:
+        return self.d_max_2d is not None
+
+    def offset_choices(self) -> list[tuple[int, ...]]:
+        """The offsets sampled uniformly: ``(d,)`` in 1D, ``(d_h, d_w)`` in 2D."""
+        if not self.is_2d:
+            return [(d,) for d in range(self.min_offset, self.d_max + 1)]
+        k = self.d_max_2d
+        return [(h, w) for h in range(1, k + 1) for w in range(1, k + 1) if (h, w) != (1, 1)]
+
+    def raster_offset(self, choice: tuple[int, ...]) -> int:
+        """The sequence offset d of one choice (2D: d = (d_h-1)*w + d_w - 1)."""
+        if not self.is_2d:
+            return choice[0]
+        dh, dw = choice
+        return (dh - 1) * self.grid_width + dw - 1
+
+    def offset_names(self) -> list[str]:
+        """Labels for per-offset metrics: 'd=3' or 'dh=2,dw=1'."""
+        if not self.is_2d:
+            return [f"d={c[0]}" for c in self.offset_choices()]
+        return [f"dh={h},dw={w}" for h, w in self.offset_choices()]
+
+    @property
+    def num_register_embeddings(self) -> int:
+        return 1 if self.register_embedding == "shared" else len(self.offset_choices())
+
+    # ---------------------------------------------------------------- file I/O
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MuToRConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"MuToRConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

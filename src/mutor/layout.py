@@ -1,0 +1,176 @@
+"""Where the registers go: a vectorized description of one training batch.
+
+Physical placement (our choice, equivalent under the mask and position ids):
+the R register slots of a row are *appended* after its T regular tokens, so
+the model sees ``L = T + R`` tokens. The regular stream is left untouched,
+which keeps the regular part of every tensor contiguous and lets the regular
+logits be compared 1:1 with a plain forward. R is the largest register count
+in the batch; shorter rows get invalid slots that attend only to themselves
+and are never supervised.
+
+Indices below are 0-based. A register after regular token ``x_t`` targets
+``x_{t+d}`` and gets position id ``pos[t] + d - 1``: the position of the
+regular token that would predict ``x_{t+d}`` under next-token prediction.
+A register is *eligible* when its target is supervised (label != -100, not
+padding) and lies in the same document as ``x_t`` (documents come from
+``position_ids`` restarting, as in packed batches, and from padding). In 2D
+mode a register is placed only after grid tokens and only where its 2D
+target ``(row + d_h - 1, col + d_w - 1)`` is inside the grid: a target past
+the right edge would wrap to the next raster row, so it is not placed; one
+past the bottom does not exist in the sequence, so it is not placed either.
+
+The attention rule, in terms of the per-token tensors this module builds
+(query q, key k, both indices into the L-long stream)::
+
+    allowed(q, k) = q == k
+                    or (key_ok[k] and doc[k] == doc[q] and k <= limit[q]
+                        and pos[q] - pos[k] < window)
+
+``key_ok`` is False for registers and padding, so no token ever sees a
+register but itself. ``limit`` is q itself for a regular token in causal mode
+(the last prompt token for a prompt token in bidirectional-prefix mode) and
+the source token's limit for a register: a register sees exactly what its
+source token ``x_t`` sees, plus itself. The window (sliding-window layers) is
+measured on position ids, so a register keeps the window of the token whose
+position it borrows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .config import MuToRConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class RegisterLayout:
+    """Per-token tensors of one batch; B rows, T regular tokens, R register slots."""
+
+    position_ids: torch.Tensor   # (B, L) position id of every token, registers included
+    doc_ids: torch.Tensor        # (B, L) document id; -1 for padding and empty slots
+    limit: torch.Tensor          # (B, L) last regular index a token may attend to
+    key_ok: torch.Tensor         # (B, L) may others attend to this token (regular, non-padding)
+    ntp_labels: torch.Tensor     # (B, T) shifted next-token labels, as transformers shifts them
+    reg_source: torch.Tensor     # (B, R) index t of the regular token each register follows
+    reg_labels: torch.Tensor     # (B, R) target token id, IGNORE_INDEX on empty slots
+    reg_choice: torch.Tensor     # (B, R) index into config.offset_choices() of each register
+    reg_valid: torch.Tensor      # (B, R) slot holds a real register
+    offset_index: torch.Tensor   # (B,) offset choice sampled for each row
+
+    @property
+    def num_regular(self) -> int:
+        return self.ntp_labels.shape[1]
+
+    @property
+    def num_slots(self) -> int:
+        return self.reg_source.shape[1]
+
+    @property
+    def num_registers(self) -> int:
+        return int(self.reg_valid.sum())
+
+
+def _document_starts(position_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: a new document starts where positions do not continue or padding toggles."""
+    start = torch.ones_like(attention_mask)
+    start[:, 1:] = (position_ids[:, 1:] != position_ids[:, :-1] + 1) | (attention_mask[:, 1:] != attention_mask[:, :-1])
+    return start
+
+
+def sample_offsets(config: MuToRConfig, batch_size: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """(B,) indices into ``config.offset_choices()``, uniform, on the CPU."""
+    return torch.randint(len(config.offset_choices()), (batch_size,), generator=generator)
+
+
+def build_layout(
+    labels: torch.Tensor,
+    config: MuToRConfig,
+    attention_mask: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    offset_index: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> RegisterLayout:
+    """Decide every register of a batch. All work is batched tensor ops on ``labels.device``."""
+    if labels.dim() != 2:
+        raise ValueError(f"labels must be (batch, seq_len), got shape {tuple(labels.shape)}")
+    B, T = labels.shape
+    dev = labels.device
+    am = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask.to(dev).bool()
+    ar = torch.arange(T, device=dev).expand(B, T)                                   # (B, T)
+    pos = ar if position_ids is None else position_ids.to(dev).long()              # (B, T)
+    if am.shape != (B, T) or pos.shape != (B, T):
+        raise ValueError(f"attention_mask {tuple(am.shape)} and position_ids {tuple(pos.shape)} must match labels {(B, T)}")
+
+    start = _document_starts(pos, am)                                               # (B, T)
+    doc = torch.where(am, start.long().cumsum(1) - 1, -1)                            # (B, T)
+    supervised = (labels != IGNORE_INDEX) & am                                      # (B, T)
+    ntp_labels = torch.full_like(labels, IGNORE_INDEX)
+    ntp_labels[:, :-1] = labels[:, 1:]                                              # transformers' shift
+
+    # ---- attention limit of regular tokens (bidirectional prefix = prompt of each document)
+    limit = ar.clone()
+    if config.prefix_attention == "bidirectional":
+        target_idx = torch.where(supervised & ~start, ar, T)                        # first answer token per doc
+        first = torch.full((B, T), T, device=dev, dtype=torch.long)
+        first = first.scatter_reduce(1, doc.clamp(min=0), target_idx, reduce="amin")
+        answer_start = first.gather(1, doc.clamp(min=0))                            # (B, T)
+        in_prefix = am & (ar < answer_start)
+        limit = torch.where(in_prefix, answer_start - 1, ar).clamp(max=T - 1)
+
+    # ---- offsets and eligibility
+    choices = config.offset_choices()
+    if offset_index is None:
+        offset_index = sample_offsets(config, B, generator)
+    offset_index = offset_index.to(dev).long()
+    if offset_index.shape != (B,) or bool((offset_index < 0).any()) or bool((offset_index >= len(choices)).any()):
+        raise ValueError(f"offset_index must be ({B},) with values in [0, {len(choices)})")
+    d_table = torch.tensor([config.raster_offset(c) for c in choices], device=dev)
+    d = d_table[offset_index]                                                       # (B,)
+    tgt = ar + d[:, None]                                                           # (B, T)
+    tgt_c = tgt.clamp(max=T - 1)
+    eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
+    if config.is_2d:
+        dw = torch.tensor([c[1] for c in choices], device=dev)[offset_index]        # (B,)
+        rel = pos - config.grid_start
+        eligible &= (rel >= 0) & ((rel % config.grid_width) + dw[:, None] - 1 < config.grid_width)
+
+    # ---- choose the register slots: sorted source indices, valid ones first
+    if config.num_registers is None:
+        key = torch.where(eligible, ar, ar + T)
+        src = key.sort(dim=1).values                                                # (B, T)
+    else:
+        score = torch.rand((B, T), generator=generator).to(dev)
+        score = torch.where(eligible, score, 2.0)
+        k = min(config.num_registers, T)
+        picked = score.topk(k, dim=1, largest=False).indices                         # (B, k)
+        ok = eligible.gather(1, picked)
+        src = torch.where(ok, picked, picked + T).sort(dim=1).values
+    counts = eligible.sum(1) if config.num_registers is None else eligible.sum(1).clamp(max=config.num_registers)
+    R = int(counts.max()) if B > 0 else 0
+    src = src[:, :R]
+    valid = torch.arange(R, device=dev)[None, :] < counts[:, None]                  # (B, R)
+    src = torch.where(valid, src, 0)
+
+    reg_tgt = (src + d[:, None]).clamp(max=T - 1)
+    reg_labels = torch.where(valid, labels.gather(1, reg_tgt), IGNORE_INDEX)        # (B, R)
+    reg_pos = torch.where(valid, pos.gather(1, src) + d[:, None] - 1, 0)            # (B, R)
+    reg_doc = torch.where(valid, doc.gather(1, src), -1)
+    reg_limit = torch.where(valid, limit.gather(1, src), 0)
+
+    return RegisterLayout(
+        position_ids=torch.cat([pos, reg_pos], 1),                                   # (B, T+R)
+        doc_ids=torch.cat([doc, reg_doc], 1),
+        limit=torch.cat([limit, reg_limit], 1),
+        key_ok=torch.cat([am, torch.zeros_like(valid)], 1),
+        ntp_labels=ntp_labels,
+        reg_source=src,
+        reg_labels=reg_labels,
+        reg_choice=offset_index[:, None].expand(B, R),
+        reg_valid=valid,
+        offset_index=offset_index,
+    )

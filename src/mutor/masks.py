@@ -1,0 +1,103 @@
+"""Attention masks for a RegisterLayout, in the form each attention backend needs.
+
+transformers 5.x passes any 4D tensor or BlockMask straight to the attention
+kernels, bypassing its own padding, causal and sliding-window logic (see
+shared/notes/transformers-masks.md), so everything is folded in here:
+
+* ``sdpa``: a boolean (B, 1, L, L) tensor, True = may attend.
+* ``eager``: an additive float mask in the model's dtype (0 or finfo.min);
+  eager *adds* the mask, so a boolean one would be silently wrong.
+* ``flex_attention``: a ``BlockMask`` from the same rule as a ``mask_mod``; on
+  CUDA ``create_block_mask`` is compiled, and no L x L tensor is materialised.
+
+Models that mix sliding-window and full layers get a dict keyed by layer type
+(``{"full_attention": m, "sliding_attention": m_window}``), which is what their
+decoders accept in place of a mask. The rule itself is documented in layout.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .layout import RegisterLayout
+
+SUPPORTED_ATTENTION = ("sdpa", "eager", "flex_attention")
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_windows(config) -> dict[str, Optional[int]]:
+    """Map each layer type of a transformers config to its window (None = full attention).
+
+    Models without ``layer_types`` but with ``sliding_window`` set (Mistral) slide on every layer.
+    """
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not types:
+        return {"full_attention": None} if window is None else {"sliding_attention": int(window)}
+    unknown = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
+    if unknown:
+        raise ValueError(
+            f"{type(config).__name__} has layer types {unknown}; mutor supports {list(SUPPORTED_LAYER_TYPES)}"
+        )
+    out: dict[str, Optional[int]] = {}
+    for t in types:
+        out[t] = None if t == "full_attention" else (int(window) if window is not None else None)
+    return out
+
+
+def allowed_dense(layout: RegisterLayout, window: Optional[int] = None) -> torch.Tensor:
+    """(B, 1, L, L) bool: query row may attend to key column."""
+    L = layout.position_ids.shape[1]
+    idx = torch.arange(L, device=layout.position_ids.device)
+    q, k = idx[:, None], idx[None, :]                                                # (L, 1), (1, L)
+    same_doc = layout.doc_ids[:, :, None] == layout.doc_ids[:, None, :]              # (B, L, L)
+    ok = layout.key_ok[:, None, :] & same_doc & (k[None] <= layout.limit[:, :, None])
+    if window is not None:
+        ok &= (layout.position_ids[:, :, None] - layout.position_ids[:, None, :]) < window
+    ok |= (q == k)[None]
+    return ok[:, None]                                                               # (B, 1, L, L)
+
+
+def _mask_mod(layout: RegisterLayout, window: Optional[int]):
+    doc, limit, key_ok, pos = layout.doc_ids, layout.limit, layout.key_ok, layout.position_ids
+
+    def mask_mod(b, h, q, kv):
+        ok = key_ok[b, kv] & (doc[b, kv] == doc[b, q]) & (kv <= limit[b, q])
+        if window is not None:
+            ok = ok & (pos[b, q] - pos[b, kv] < window)
+        return ok | (q == kv)
+
+    return mask_mod
+
+
+def block_mask(layout: RegisterLayout, window: Optional[int] = None):
+    """A FlexAttention BlockMask for the layout (compiled construction on CUDA)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, L = layout.position_ids.shape
+    dev = layout.position_ids.device
+    return create_block_mask(_mask_mod(layout, window), B, None, L, L, device=dev, _compile=dev.type == "cuda")
+
+
+def build_attention_mask(
+    layout: RegisterLayout, attn_implementation: str, windows: dict[str, Optional[int]], dtype: torch.dtype
+) -> Union[torch.Tensor, dict]:
+    """The mask argument to pass to the model: one mask, or a dict per layer type."""
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(f"attention implementation {attn_implementation!r} cannot take a custom mask; "
+                         f"use one of {SUPPORTED_ATTENTION}")
+    cache: dict[Optional[int], object] = {}
+    for w in set(windows.values()):
+        if attn_implementation == "flex_attention":
+            cache[w] = block_mask(layout, w)
+        else:
+            allowed = allowed_dense(layout, w)
+            if attn_implementation == "eager":
+                allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+                    ~allowed, torch.finfo(dtype).min)
+            cache[w] = allowed
+    if len(windows) == 1:
+        return cache[next(iter(windows.values()))]
+    return {t: cache[w] for t, w in windows.items()}

@@ -1,0 +1,288 @@
+"""MuToRModel: the register objective around any transformers causal LM, unmodified.
+
+Nothing of the base model is forked or patched. One forward pass:
+
+1. ``layout.build_layout`` samples an offset per row and decides every register;
+2. token embeddings come from the model's own input embedding (so Gemma's
+   sqrt(hidden) scaling and LoRA on embeddings apply), register vectors from
+   ``register_embeddings``; both are concatenated into ``inputs_embeds``;
+3. ``masks.build_attention_mask`` turns the layout into the mask the model's
+   attention backend needs, and explicit ``position_ids`` carry the offsets;
+4. the base model runs with a boolean ``logits_to_keep`` so the vocabulary
+   projection (and any model-specific logit processing, e.g. Gemma 2
+   soft-capping) is done only at rows that carry a loss.
+
+Registers never reach the saved checkpoint: ``save_pretrained`` writes the base
+model exactly as transformers/peft would, plus a sidecar (``mutor.safetensors``,
+``mutor_config.json``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import ModelOutput
+
+from .config import SIDECAR_CONFIG, MuToRConfig
+from .layout import IGNORE_INDEX, RegisterLayout, build_layout
+from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
+
+SIDECAR_WEIGHTS = "mutor.safetensors"
+
+
+@dataclass
+class MuToROutput(ModelOutput):
+    """What a MuToR forward returns. Per-offset tensors follow ``config.offset_choices()``."""
+
+    loss: Optional[torch.Tensor] = None
+    ntp_loss: Optional[torch.Tensor] = None
+    reg_loss: Optional[torch.Tensor] = None
+    reg_accuracy: Optional[torch.Tensor] = None
+    reg_loss_per_offset: Optional[torch.Tensor] = None
+    reg_accuracy_per_offset: Optional[torch.Tensor] = None
+    reg_count_per_offset: Optional[torch.Tensor] = None
+    num_registers: Optional[int] = None
+    num_ntp_tokens: Optional[int] = None
+    logits: Optional[torch.Tensor] = None
+    layout: Optional[RegisterLayout] = None
+
+
+def _inner_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _accepts(fn, name: str) -> bool:
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+class MuToRModel(nn.Module):
+    """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
+
+    def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None):
+        super().__init__()
+        self.mutor_config = config if config is not None else MuToRConfig()
+        inner = _inner_model(base)
+        name = type(inner).__name__
+        hf_config = getattr(inner, "config", None)
+        if hf_config is None or not hasattr(inner, "get_input_embeddings"):
+            raise TypeError(f"{name} is not a transformers PreTrainedModel; MuToRModel wraps *ForCausalLM models")
+        for arg in ("inputs_embeds", "position_ids", "attention_mask"):
+            if not _accepts(inner.forward, arg):
+                raise TypeError(f"{name}.forward does not accept `{arg}`; MuToR injects registers through "
+                                "inputs_embeds and position_ids with a custom attention mask, so it needs a model "
+                                "whose forward takes them (most transformers causal LMs do)")
+        attn = getattr(hf_config, "_attn_implementation", None) or "eager"
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(f"{name} uses attn_implementation={attn!r}, which cannot take MuToR's custom attention "
+                             f"mask; load the model with attn_implementation='sdpa' (or 'eager', or "
+                             f"'flex_attention' on GPU)")
+        self.windows = attention_windows(hf_config)  # raises for chunked / linear attention layers
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
+        self.base_model = base
+
+        emb = base.get_input_embeddings()
+        hidden = emb.weight.shape[1]
+        self.register_embeddings = nn.Embedding(
+            self.mutor_config.num_register_embeddings, hidden, device=emb.weight.device, dtype=emb.weight.dtype)
+        self._generator = None
+        if self.mutor_config.seed is not None:
+            self._generator = torch.Generator().manual_seed(self.mutor_config.seed)
+        self._init_registers(emb)
+
+    # ------------------------------------------------------------------ set-up
+    @torch.no_grad()
+    def _init_registers(self, emb: nn.Module) -> None:
+        """Normal init with the per-coordinate std of embedded tokens (after any model-side scaling)."""
+        vocab = emb.weight.shape[0]
+        ids = torch.linspace(0, vocab - 1, min(vocab, 4096), device=emb.weight.device).long()
+        std = emb(ids[None]).float().std().item()                                      # (1, n, C) -> scalar
+        w = torch.randn(self.register_embeddings.weight.shape, generator=self._generator) * std
+        self.register_embeddings.weight.copy_(w.to(self.register_embeddings.weight))
+
+    @property
+    def config(self):
+        """The base model's transformers config (so tooling that reads ``model.config`` keeps working)."""
+        return _inner_model(self.base_model).config
+
+    @property
+    def attn_implementation(self) -> str:
+        return self.config._attn_implementation or "eager"
+
+    @property
+    def device(self) -> torch.device:
+        return self.register_embeddings.weight.device
+
+    def generate(self, *args, **kwargs):
+        """Plain generation with the base model: registers play no part at inference."""
+        return self.base_model.generate(*args, **kwargs)
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.base_model.gradient_checkpointing_enable(**kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.base_model.gradient_checkpointing_disable()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.base_model.get_input_embeddings()
+
+    def rng_state(self) -> Optional[torch.Tensor]:
+        """State of the private offset generator (None when the global RNG is used)."""
+        return None if self._generator is None else self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        if self._generator is None:
+            raise ValueError("this MuToRModel has no private generator (MuToRConfig.seed is None)")
+        self._generator.set_state(state)
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        offset_index: Optional[torch.Tensor] = None,
+        num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
+        num_registers_in_batch: Optional[Union[int, torch.Tensor]] = None,
+        return_logits: bool = False,
+        **kwargs: Any,
+    ) -> MuToROutput:
+        """One training forward.
+
+        ``labels`` are aligned with ``input_ids`` (-100 on prompt and padding), as for a plain
+        causal LM; None means every non-padding token. ``position_ids`` mark packed documents.
+        ``offset_index`` (B,) overrides the sampled offsets (indices into ``offset_choices()``).
+        ``num_items_in_batch`` / ``num_registers_in_batch`` replace the per-batch denominators
+        of the two losses (token-weighted means under gradient accumulation).
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        for name, t in (("attention_mask", attention_mask), ("position_ids", position_ids), ("labels", labels)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; it must match input_ids {tuple(input_ids.shape)}")
+        dev = self.device
+        input_ids = input_ids.to(dev)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(dev)
+        if labels is None:
+            labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        labels = labels.to(dev)
+        cfg = self.mutor_config
+        layout = build_layout(labels, cfg, attention_mask, position_ids, offset_index, self._generator)
+
+        tok = self.base_model.get_input_embeddings()(input_ids)                          # (B, T, C)
+        rows = layout.reg_choice if cfg.register_embedding == "per_offset" else torch.zeros_like(layout.reg_choice)
+        reg = self.register_embeddings(rows).to(tok.dtype)                                # (B, R, C)
+        inputs_embeds = torch.cat([tok, reg], dim=1)                                      # (B, T+R, C)
+        mask = build_attention_mask(layout, self.attn_implementation, self.windows, inputs_embeds.dtype)
+
+        targets = torch.cat([layout.ntp_labels, layout.reg_labels], 1)                   # (B, T+R)
+        keep = targets != IGNORE_INDEX                                                    # (B, T+R)
+        is_reg = torch.cat([torch.zeros_like(layout.ntp_labels, dtype=torch.bool), layout.reg_valid], 1)[keep]
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.base_model(inputs_embeds=inputs_embeds, attention_mask=mask,
+                              position_ids=layout.position_ids, use_cache=False, **kwargs)
+        logits = out.logits if self._logits_to_keep else out.logits[keep]                 # (N, V)
+        targets = targets[keep]                                                            # (N,)
+
+        ce = F.cross_entropy(logits.float(), targets, reduction="none")                   # (N,)
+        n_ntp = int((~is_reg).sum())
+        n_reg = int(is_reg.sum())
+        ntp_den = num_items_in_batch if num_items_in_batch is not None else max(n_ntp, 1)
+        reg_den = num_registers_in_batch if num_registers_in_batch is not None else max(n_reg, 1)
+        ntp_loss = ce[~is_reg].sum() / ntp_den
+        reg_loss = ce[is_reg].sum() / reg_den
+        a = cfg.loss_weight
+        loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * reg_loss
+
+        with torch.no_grad():
+            K = len(cfg.offset_choices())
+            choice = torch.cat([torch.full_like(layout.ntp_labels, -1), layout.reg_choice], 1)[keep][is_reg]
+            correct = (logits[is_reg].argmax(-1) == targets[is_reg]).float()
+            count_k = torch.bincount(choice, minlength=K).float()
+            loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce[is_reg].detach())
+            acc_k = torch.zeros(K, device=dev).index_add_(0, choice, correct)
+            denom_k = count_k.clamp(min=1)
+        return MuToROutput(
+            loss=loss, ntp_loss=ntp_loss, reg_loss=reg_loss,
+            reg_accuracy=correct.sum() / max(n_reg, 1),
+            reg_loss_per_offset=loss_k / denom_k, reg_accuracy_per_offset=acc_k / denom_k,
+            reg_count_per_offset=count_k, num_registers=n_reg, num_ntp_tokens=n_ntp,
+            logits=logits if return_logits else None, layout=layout if return_logits else None,
+        )
+
+    # ------------------------------------------------------------ checkpoints
+    def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:
+        """Write the base model's own checkpoint plus the mutor sidecar, atomically.
+
+        Everything goes to a temporary sibling directory first, which then replaces
+        ``save_directory``: a crash never leaves a half-written checkpoint behind.
+        """
+        from safetensors.torch import save_file
+
+        dest = Path(save_directory)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        try:
+            self.base_model.save_pretrained(tmp, **kwargs)
+            tensors = {"register_embeddings.weight": self.register_embeddings.weight.detach().cpu().contiguous()}
+            if self._generator is not None:
+                tensors["generator_state"] = self._generator.get_state()
+            save_file(tensors, str(tmp / SIDECAR_WEIGHTS), metadata={"format": "pt", "library": "mutor"})
+            (tmp / SIDECAR_CONFIG).write_text(self.mutor_config.to_json_string())
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+                os.replace(dest, old / "ckpt")
+                os.replace(tmp, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,
+                        **model_kwargs: Any) -> "MuToRModel":
+        """Restore a MuToRModel saved by :meth:`save_pretrained` (a peft adapter directory works too)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        for f in (SIDECAR_CONFIG, SIDECAR_WEIGHTS):
+            if not (path / f).is_file():
+                raise FileNotFoundError(f"{path} has no {f}: not a checkpoint written by MuToRModel.save_pretrained "
+                                        "(a plain transformers checkpoint loads with AutoModelForCausalLM)")
+        config = MuToRConfig.from_dict(json.loads((path / SIDECAR_CONFIG).read_text()))
+        if base is None:
+            if (path / "adapter_config.json").is_file():
+                from peft import AutoPeftModelForCausalLM
+
+                base = AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, **model_kwargs)
+            else:
+                from transformers import AutoModelForCausalLM
+
+                base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
+        model = cls(base, config)
+        state = load_file(str(path / SIDECAR_WEIGHTS))
+        weight = state["register_embeddings.weight"]
+        if weight.shape != model.register_embeddings.weight.shape:
+            raise ValueError(f"{path / SIDECAR_WEIGHTS}: register embeddings of shape {tuple(weight.shape)} do not "
+                             f"fit this model's {tuple(model.register_embeddings.weight.shape)}")
+        with torch.no_grad():
+            model.register_embeddings.weight.copy_(weight)
+        if "generator_state" in state and model._generator is not None:
+            model._generator.set_state(state["generator_state"])
+        return model

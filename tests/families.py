@@ -1,0 +1,94 @@
+"""Tiny random models of several families, built in process (no downloads).
+
+Each entry builds a fp32 model in eval mode. ``window`` sets the sliding window
+of the families that have one (None: a window far larger than any test sequence,
+so it exists in the model but never binds).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 61
+BIG_WINDOW = 4096
+_common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _llama(attn, window):
+    return LlamaForCausalLM(LlamaConfig(**_common, attn_implementation=attn))
+
+
+def _qwen2(attn, window):
+    # layer 0 full attention, layer 1 sliding: a model that mixes both kinds of layers
+    cfg = Qwen2Config(**_common, use_sliding_window=True, sliding_window=window or BIG_WINDOW,
+                      max_window_layers=1, attn_implementation=attn)
+    return Qwen2ForCausalLM(cfg)
+
+
+def _gemma2(attn, window):
+    cfg = Gemma2Config(**_common, head_dim=16, sliding_window=window or BIG_WINDOW,
+                       attn_implementation="eager" if attn == "sdpa" else attn)
+    return Gemma2ForCausalLM(cfg)
+
+
+def _mistral(attn, window):
+    return MistralForCausalLM(MistralConfig(**_common, sliding_window=window or BIG_WINDOW, attn_implementation=attn))
+
+
+def _gpt2(attn, window):
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation=attn)
+    return GPT2LMHeadModel(cfg)
+
+
+FAMILIES = {"llama": _llama, "qwen2": _qwen2, "gemma2": _gemma2, "mistral": _mistral, "gpt2": _gpt2}
+SLIDING = ["qwen2", "gemma2", "mistral"]
+FLEX = ["llama", "qwen2", "mistral"]
+
+
+def make_model(family: str, attn: str = "sdpa", window: int | None = None, seed: int = 0):
+    torch.manual_seed(seed)
+    return FAMILIES[family](attn, window).eval()
+
+
+def padded_batch(seed: int = 0, lengths=(14, 9, 11), prompts=(4, 3, 0)):
+    """Right-padded prompt/completion batch of unequal lengths (labels -100 on prompt and padding)."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.randint(3, VOCAB, (len(lengths), T), generator=g)
+    am = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for b, (n, p) in enumerate(zip(lengths, prompts)):
+        am[b, :n] = 1
+        labels[b, p:n] = ids[b, p:n]
+        ids[b, n:] = 0
+    return {"input_ids": ids, "attention_mask": am, "labels": labels}
+
+
+def packed_batch(seed: int = 0, docs=((6, 2), (5, 0), (7, 3)), rows=2):
+    """Packed batch like DataCollatorWithFlattening: position ids restart, -100 on each doc's first label."""
+    g = torch.Generator().manual_seed(seed)
+    T = sum(n for n, _ in docs)
+    ids = torch.randint(3, VOCAB, (rows, T), generator=g)
+    pos = torch.cat([torch.arange(n) for n, _ in docs]).expand(rows, T).clone()
+    labels = ids.clone()
+    start = 0
+    for n, p in docs:
+        labels[:, start:start + max(p, 1)] = -100
+        start += n
+    return {"input_ids": ids, "position_ids": pos, "labels": labels}

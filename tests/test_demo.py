@@ -1,0 +1,186 @@
+"""The `mutor demo` job: the star-graph task generator, the collators, and a --tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from mutor import demo
+from mutor.cli import build_parser, main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TASKS = [demo.StarGraphTask(), demo.StarGraphTask(degree=3, path_len=4, num_nodes=20),
+         demo.StarGraphTask(degree=2, path_len=3, num_nodes=6)]
+
+
+# ----------------------------------------------------------------------- task
+
+
+@pytest.mark.parametrize("task", TASKS, ids=str)
+def test_answer_path_follows_listed_edges(task):
+    for ex in demo.make_examples(task, 200, seed=3):
+        edges = set(ex.edges)
+        assert len(ex.edges) == len(edges) == task.num_edges
+        nodes = {n for e in ex.edges for n in e}
+        assert len(nodes) == task.nodes_per_graph and all(0 <= n < task.num_nodes for n in nodes)
+        # star shape: the source has `degree` out-edges, every other node at most one, no node two in-edges
+        outs = [u for u, _ in ex.edges]
+        ins = [v for _, v in ex.edges]
+        assert outs.count(ex.source) == task.degree and ex.source not in ins
+        assert all(outs.count(n) <= 1 for n in nodes - {ex.source}) and len(set(ins)) == len(ins)
+        # the answer: source -> goal along listed edges, goal is a leaf, and it is the only such path
+        assert len(ex.path) == task.path_len
+        assert ex.path[0] == ex.source and ex.path[-1] == ex.goal and ex.goal not in outs
+        assert all((u, v) in edges for u, v in zip(ex.path[:-1], ex.path[1:]))
+        assert demo.is_valid_path(ex, ex.path)
+        succ = dict((u, v) for u, v in ex.edges if u != ex.source)
+        reach = []
+        for _, first in (e for e in ex.edges if e[0] == ex.source):
+            walk = [ex.source, first]
+            while walk[-1] in succ:
+                walk.append(succ[walk[-1]])
+            reach.append(tuple(walk))
+        assert [w for w in reach if w[-1] == ex.goal] == [ex.path]
+
+
+def test_tokens_and_labels():
+    task = demo.StarGraphTask()
+    ex = demo.make_examples(task, 1, seed=0)[0]
+    item = demo.StarGraphDataset([ex])[0]
+    prompt, answer = ex.prompt_ids(), ex.answer_ids()
+    assert len(prompt) == task.prompt_len and len(item["input_ids"]) == task.seq_len
+    assert item["input_ids"] == prompt + answer
+    assert item["labels"] == [-100] * len(prompt) + answer
+    assert prompt[-1] == demo.ANSWER_SEP and prompt.count(demo.QUERY_SEP) == 1
+    assert max(item["input_ids"]) < task.vocab_size
+    text = ex.text()
+    assert text.endswith("=" + ",".join(map(str, ex.path)))
+    assert text.count("|") == task.num_edges - 1
+
+
+def test_generator_is_deterministic_per_seed():
+    task = demo.StarGraphTask(degree=2, path_len=4, num_nodes=20)
+    a = demo.make_examples(task, 100, seed=7)
+    assert a == demo.make_examples(task, 100, seed=7)
+    assert a != demo.make_examples(task, 100, seed=8)
+    assert demo.split_examples(task, 300, 50, seed=1) == demo.split_examples(task, 300, 50, seed=1)
+    # independent of the global RNGs
+    random.seed(123)
+    torch.manual_seed(123)
+    assert demo.make_examples(task, 100, seed=7) == a
+
+
+@pytest.mark.parametrize("task", [demo.StarGraphTask(), demo.StarGraphTask(degree=2, path_len=3, num_nodes=6)],
+                         ids=str)
+def test_test_examples_not_in_training(task):
+    train, test = demo.split_examples(task, 400, 100, seed=0)
+    assert len(train) == 400 and len(test) == 100
+    train_keys = {ex.key for ex in train}
+    assert len(train_keys) == len(train) and len({ex.key for ex in test}) == len(test)
+    assert not train_keys & {ex.key for ex in test}
+    # the key ignores edge order: a reshuffled copy of a test graph counts as the same problem
+    ex = test[0]
+    shuffled = demo.Example(edges=tuple(reversed(ex.edges)), source=ex.source, goal=ex.goal, path=ex.path)
+    assert shuffled.key == ex.key
+
+
+def test_too_few_nodes_or_graphs_raise():
+    with pytest.raises(ValueError):
+        demo.StarGraphTask(degree=2, path_len=5, num_nodes=8)
+    tiny = demo.StarGraphTask(degree=2, path_len=3, num_nodes=5)       # 5 sources * 12 graphs * 2 goals = 120
+    assert len(demo.make_examples(tiny, 120, seed=0)) == 120
+    with pytest.raises(RuntimeError):
+        demo.make_examples(tiny, 121, seed=0)
+
+
+def test_is_valid_path_rejects_wrong_paths():
+    ex = demo.make_examples(demo.StarGraphTask(), 1, seed=5)[0]
+    other_arm = [v for u, v in ex.edges if u == ex.source and v != ex.path[1]][0]
+    assert not demo.is_valid_path(ex, ex.path[::-1])
+    assert not demo.is_valid_path(ex, ex.path[:-1])
+    bad = list(ex.path)
+    bad[1] = other_arm                                                   # wrong arm, then continues the right one
+    assert not demo.is_valid_path(ex, bad)
+
+
+def test_collators_pad_on_the_right_side():
+    feats = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+    b = demo.collate_right(feats)
+    assert b["input_ids"].tolist() == [[5, 6, 7], [8, demo.PAD, demo.PAD]]
+    assert b["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    ids, mask = demo.pad_left([[5, 6, 7], [8]])
+    assert ids.tolist() == [[5, 6, 7], [demo.PAD, demo.PAD, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_batched_left_padded_greedy_matches_one_by_one():
+    """Left padding must not change what greedy decoding produces (prompts of different lengths)."""
+    examples = (demo.make_examples(demo.StarGraphTask(degree=2, path_len=4, num_nodes=20), 3, seed=0)
+                + demo.make_examples(demo.StarGraphTask(degree=3, path_len=4, num_nodes=20), 3, seed=0))
+    task = demo.StarGraphTask(degree=3, path_len=4, num_nodes=20)
+    base = demo.build_base_model(task, demo.ModelSize(32, 2, 2, 64), seed=0, max_positions=64)
+    ids, mask = demo.pad_left([ex.prompt_ids() for ex in examples])
+    with torch.no_grad():
+        batched = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
+                                do_sample=False)[:, ids.shape[1]:]
+        for i, ex in enumerate(examples):
+            one = torch.tensor([ex.prompt_ids()])
+            single = base.generate(input_ids=one, attention_mask=torch.ones_like(one), max_new_tokens=4,
+                                   min_new_tokens=4, do_sample=False)[:, one.shape[1]:]
+            assert batched[i].tolist() == single[0].tolist()
+
+
+# ------------------------------------------------------------------------ cli
+
+
+def test_parser_defaults():
+    args = build_parser().parse_args(["demo"])
+    assert args.output_dir == "runs/demo" and not args.tiny and args.steps is None and args.seed == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])
+
+
+def _finite_numbers(obj):
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return
+    if isinstance(obj, (int, float)):
+        assert math.isfinite(obj), obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _finite_numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _finite_numbers(v)
+
+
+def test_tiny_demo_end_to_end(tmp_path):
+    assert main(["demo", "--tiny", "--output-dir", tmp_path, "--quiet"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = {r["method"]: r for r in results["runs"]}
+    assert set(runs) == {"next-token", "mutor"}
+    steps = results["settings"]["steps"]
+    for run in runs.values():
+        assert run["steps"] == steps
+        final = run["final"]
+        for k in ("exact_match", "first_hop", "valid_path", "ntp_loss", "a1_loss"):
+            assert math.isfinite(final[k])
+        for k in ("exact_match", "first_hop", "valid_path"):
+            assert 0.0 <= final[k] <= 1.0
+        assert final["ntp_loss"] > 0
+        assert [r["step"] for r in run["history"]][0] == 0 and run["history"][-1]["step"] == steps
+        assert run["wall_seconds"] > 0
+        _finite_numbers(run)
+    # same initialisation and held-out set: the step-0 evaluations agree exactly
+    assert runs["next-token"]["history"][0] == runs["mutor"]["history"][0]
+    assert "train_reg_loss" in runs["mutor"]["history"][-1]
+    png = tmp_path / "accuracy.png"
+    assert png.is_file() and png.read_bytes()[:8] == PNG_MAGIC
+    md = (tmp_path / "results.md").read_text()
+    assert "| next-token |" in md and "| mutor |" in md
+    # atomic writes leave no temporaries behind, and the trainer's scratch directory is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png", "results.json", "results.md"]
