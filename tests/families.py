@@ -17,8 +17,12 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 61
@@ -45,6 +49,19 @@ def _gemma2(attn, window):
     return Gemma2ForCausalLM(cfg)
 
 
+def _qwen3(attn, window):
+    cfg = Qwen3Config(**_common, head_dim=16, use_sliding_window=True, sliding_window=window or BIG_WINDOW,
+                      max_window_layers=1, attn_implementation=attn)
+    return Qwen3ForCausalLM(cfg)
+
+
+def _gemma3(attn, window):
+    # sliding_window_pattern 2: layer 0 sliding, layer 1 full
+    cfg = Gemma3TextConfig(**_common, head_dim=16, sliding_window=window or BIG_WINDOW,
+                           layer_types=["sliding_attention", "full_attention"], attn_implementation=attn)
+    return Gemma3ForCausalLM(cfg)
+
+
 def _mistral(attn, window):
     return MistralForCausalLM(MistralConfig(**_common, sliding_window=window or BIG_WINDOW, attn_implementation=attn))
 
@@ -56,8 +73,9 @@ def _gpt2(attn, window):
     return GPT2LMHeadModel(cfg)
 
 
-FAMILIES = {"llama": _llama, "qwen2": _qwen2, "gemma2": _gemma2, "mistral": _mistral, "gpt2": _gpt2}
-SLIDING = ["qwen2", "gemma2", "mistral"]
+FAMILIES = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "gemma2": _gemma2, "gemma3": _gemma3,
+            "mistral": _mistral, "gpt2": _gpt2}
+SLIDING = ["qwen2", "qwen3", "gemma2", "gemma3", "mistral"]
 FLEX = ["llama", "qwen2", "mistral"]
 
 
