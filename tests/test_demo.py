@@ -158,8 +158,10 @@ def _finite_numbers(obj):
             _finite_numbers(v)
 
 
-def test_tiny_demo_end_to_end(tmp_path):
-    assert main(["demo", "--tiny", "--output-dir", tmp_path, "--quiet"]) == 0
+def test_tiny_demo_end_to_end(tmp_path, capsys):
+    assert main(["demo", "--tiny", "--output-dir", tmp_path]) == 0
+    printed = capsys.readouterr().out
+    assert "next-token" in printed and "mutor" in printed and "exact match" in printed
     results = json.loads((tmp_path / "results.json").read_text())
     runs = {r["method"]: r for r in results["runs"]}
     assert set(runs) == {"next-token", "mutor"}
