@@ -1,0 +1,73 @@
+"""Smoke test of benchmarks/step_time.py at --tiny size: it runs and reports sane figures (never timings)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import step_time  # noqa: E402
+
+NUMBERS = ("token_ratio", "plain_ms", "mutor_ms", "time_ratio", "time_over_token_ratio",
+           "plain_cpu_ms", "mutor_cpu_ms", "plain_saved_mb", "mutor_saved_mb")
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    start = text.index(step_time.TABLE_HEADER)
+    lines = text[start:].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_tiny_in_process(capsys, tmp_path):
+    out_json = tmp_path / "bench.json"
+    rows = step_time.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--json-out", str(out_json)])
+    text = capsys.readouterr().out
+
+    assert [r["answer_length"] for r in rows] == step_time.TINY_RUN["answer_lengths"]
+    table = _table_rows(text)
+    assert [int(r[0]) for r in table] == step_time.TINY_RUN["answer_lengths"]
+    for cells in table:
+        assert len(cells) == 11
+        values = [float(c.split()[0]) for c in cells]        # a trailing ✗ marks a missed target
+        assert all(math.isfinite(v) and v > 0 for v in values[:8])    # counts, ratios and times
+        # in-process, a later case can reuse heap freed by an earlier one, so its RSS growth may read 0
+        assert all(math.isfinite(v) and v >= 0 for v in values[8:10])
+        assert math.isfinite(values[10]) or values[8] == 0
+
+    B, P = step_time.TINY_RUN["batch_size"], step_time.TINY_RUN["prompt_length"]
+    for r in rows:
+        A = r["answer_length"]
+        assert r["regular_tokens"] == B * (P + A)
+        assert 0 < r["registers"] <= B * A                   # at most one register per answer token
+        assert r["token_ratio"] == (r["regular_tokens"] + r["registers"]) / r["regular_tokens"]
+        for k in NUMBERS:
+            assert math.isfinite(r[k]) and r[k] > 0, k
+        assert math.isfinite(r["plain"]["loss"]) and math.isfinite(r["mutor"]["loss"])
+
+    saved = json.loads(out_json.read_text())
+    assert [r["answer_length"] for r in saved["rows"]] == step_time.TINY_RUN["answer_lengths"]
+    assert saved["environment"]["torch"]
+
+
+def test_worker_subprocess_case():
+    """The default isolation: one case in a fresh interpreter, figures sent back as JSON."""
+    args = step_time.parse_args(["--tiny"])
+    model = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "intermediate", "vocab", "attn", "dtype")}
+    spec = dict(case="mutor", answer_length=8, prompt_length=args.prompt_length, batch_size=args.batch_size,
+                repeats=1, warmup=0, threads=1, seed=0, d_max=4, loss_weight=0.3, model=model)
+    res = step_time.run_case_subprocess(spec)
+    assert res["case"] == "mutor" and res["threads"] == 1
+    assert res["registers"] > 0 and res["regular_tokens"] == args.batch_size * (args.prompt_length + 8)
+    for k in ("median_ms", "cpu_median_ms", "peak_mb", "saved_mb", "loss"):
+        assert math.isfinite(res[k]), k
+    assert res["median_ms"] > 0 and res["peak_mb"] > 0 and res["saved_mb"] > 0
