@@ -200,3 +200,16 @@ def test_bad_batches_raise_clear_errors(bad, match):
     model = MuToRModel(make_model("llama"), MuToRConfig(seed=0))
     with pytest.raises(ValueError, match=match):
         model(**bad)
+
+
+def test_register_accuracy_is_top1_of_the_register_rows():
+    model = MuToRModel(make_model("llama"), MuToRConfig(d_max=2, loss_weight=0.5, seed=0))
+    batch = padded_batch()
+    _train(model, batch, steps=40, lr=3e-2)                        # memorise the batch: accuracy well above 0
+    out = run_mutor(model, batch, torch.tensor([0, 1, 1]))
+    T = batch["input_ids"].shape[1]
+    targets = torch.cat([out.layout.ntp_labels, out.layout.reg_labels], 1)
+    rows = [(i, int(targets[b, l])) for i, (b, l) in enumerate(kept_rows(out)) if l >= T]
+    hits = [float(out.logits[i].argmax() == t) for i, t in rows]
+    assert 0 < sum(hits) and len(hits) == out.num_registers
+    torch.testing.assert_close(out.reg_accuracy, torch.tensor(sum(hits) / len(hits)))

@@ -211,7 +211,9 @@ class MuToRModel(nn.Module):
         with torch.no_grad():
             K = len(cfg.offset_choices())
             choice = torch.cat([torch.full_like(layout.ntp_labels, -1), layout.reg_choice], 1)[keep][is_reg]
-            correct = (logits[is_reg].argmax(-1) == targets[is_reg]).float()
+            # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
+            target_logit = logits.gather(1, targets[:, None]).squeeze(1)                  # (N,)
+            correct = (target_logit >= logits.amax(-1))[is_reg].float()
             count_k = torch.bincount(choice, minlength=K).float()
             loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce[is_reg].detach())
             acc_k = torch.zeros(K, device=dev).index_add_(0, choice, correct)
