@@ -203,19 +203,20 @@ class MuToRModel(nn.Module):
         n_reg = int(is_reg.sum())
         ntp_den = num_items_in_batch if num_items_in_batch is not None else max(n_ntp, 1)
         reg_den = num_registers_in_batch if num_registers_in_batch is not None else max(n_reg, 1)
+        ce_reg = ce[is_reg]                                                                # (n_reg,)
         ntp_loss = ce[~is_reg].sum() / ntp_den
-        reg_loss = ce[is_reg].sum() / reg_den
+        reg_loss = ce_reg.sum() / reg_den
         a = cfg.loss_weight
         loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * reg_loss
 
         with torch.no_grad():
             K = len(cfg.offset_choices())
-            choice = torch.cat([torch.full_like(layout.ntp_labels, -1), layout.reg_choice], 1)[keep][is_reg]
+            choice = layout.reg_choice[layout.reg_valid]          # same row-major order as the register rows
             # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
             target_logit = logits.gather(1, targets[:, None]).squeeze(1)                  # (N,)
             correct = (target_logit >= logits.amax(-1))[is_reg].float()
             count_k = torch.bincount(choice, minlength=K).float()
-            loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce[is_reg].detach())
+            loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce_reg.detach())
             acc_k = torch.zeros(K, device=dev).index_add_(0, choice, correct)
             denom_k = count_k.clamp(min=1)
         return MuToROutput(
