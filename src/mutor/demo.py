@@ -49,6 +49,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .config import MuToRConfig
+from .io import atomic_write, write_text_atomic
 from .layout import IGNORE_INDEX
 
 # --------------------------------------------------------------------------- task
@@ -450,27 +451,6 @@ def train_one(method: str, settings: DemoSettings, train: Sequence[Example], tes
 # ---------------------------------------------------------------------- output
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temporary sibling of ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-
-
 def _legend(method: str, results: dict) -> str:
     if method != "mutor":
         return method
@@ -503,7 +483,7 @@ def plot_curves(results: dict, path: Path) -> None:
     fig.suptitle(f"path-star graph: degree {t['degree']}, path length {t['path_len']}, {t['num_nodes']} nodes; "
                  f"seed {results['settings']['seed']}", fontsize=10)
     fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 

@@ -1,0 +1,81 @@
+"""The task registry: how a recipe's ``data.task`` name becomes datasets, a vocabulary and an evaluator.
+
+A task builder is a function ``build(options: dict, tokenizer, seed: int) -> TaskData``,
+registered under a name with :func:`register_task`. ``options`` is the recipe's ``data``
+block minus ``task``; a builder must reject options it does not know (``ValueError`` naming
+them). Text tasks use the tokenizer; synthetic tasks (star graphs, image codes) ignore it
+and say how big the vocabulary is, and the recipe builds a model of that size from config.
+
+Builders are registered lazily: :func:`build_task` imports the module that defines a name
+the first time it is asked for, so importing mutor stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+__all__ = ["TaskData", "register_task", "build_task", "registered_tasks"]
+
+
+@dataclass
+class TaskData:
+    """What a task gives the trainer.
+
+    Datasets yield dicts with ``input_ids`` and ``labels`` (lists of ints, -100 where no loss),
+    optionally ``position_ids`` for packed rows. ``evaluator(model, step) -> dict`` computes
+    held-out metrics with the plain model (registers play no part); the trainer calls it every
+    ``eval_steps`` and puts its numbers in the logs and the run summary.
+    """
+
+    train_dataset: Any
+    eval_dataset: Any = None
+    vocab_size: Optional[int] = None          # tokenizer-less tasks: the size of the model to build
+    pad_token_id: int = 0
+    eos_token_id: Optional[int] = None
+    bos_token_id: Optional[int] = None
+    max_length: Optional[int] = None          # longest row, for max_position_embeddings
+    mutor_overrides: dict = field(default_factory=dict)   # e.g. grid_width/grid_start for 2D offsets
+    evaluator: Optional[Callable[[Any, int], dict]] = None
+    primary_metric: Optional[str] = None      # the evaluator key a comparison table leads with
+    info: dict = field(default_factory=dict)  # counts worth reporting (e.g. examples dropped as too long)
+
+
+_BUILDERS: dict[str, Callable[..., TaskData]] = {}
+
+# name -> module that registers it (imported on first use)
+_LAZY = {
+    "prompt_completion": "mutor.data.text",
+    "text": "mutor.data.text",
+    "gsm8k": "mutor.data.text",
+    "omi2_1m_gsm": "mutor.data.text",
+    "omi2_2m_gsm": "mutor.data.text",
+    "omi2_1m_math": "mutor.data.text",
+    "aqua_rat": "mutor.data.text",
+    "samsum": "mutor.data.text",
+    "dialogsum": "mutor.data.text",
+    "star_graph": "mutor.data.star_graph",
+    "digits": "mutor.image.data",
+    "image_codes": "mutor.image.data",
+}
+
+
+def register_task(name: str) -> Callable[[Callable[..., TaskData]], Callable[..., TaskData]]:
+    def deco(fn: Callable[..., TaskData]) -> Callable[..., TaskData]:
+        _BUILDERS[name] = fn
+        return fn
+
+    return deco
+
+
+def registered_tasks() -> list[str]:
+    return sorted(set(_BUILDERS) | set(_LAZY))
+
+
+def build_task(name: str, options: Optional[dict] = None, tokenizer: Any = None, seed: int = 0) -> TaskData:
+    if name not in _BUILDERS and name in _LAZY:
+        importlib.import_module(_LAZY[name])
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown data.task {name!r}; known tasks: {registered_tasks()}")
+    return _BUILDERS[name](dict(options or {}), tokenizer, seed)

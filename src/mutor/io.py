@@ -1,0 +1,46 @@
+"""Atomic file writes: a result file or plot is either the old one or the complete new one.
+
+Everything mutor writes for users (results, summaries, plots, JSONL) goes through
+:func:`atomic_write`: the content is written to a temporary sibling, then renamed into
+place, so an interrupted run never leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` on a temporary sibling of ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes 0600; give the file ordinary permissions
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json_atomic(path: PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_jsonl_atomic(path: PathLike, rows: Iterable[dict]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
