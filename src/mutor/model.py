@@ -257,12 +257,29 @@ class MuToRModel(nn.Module):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def load_sidecar(self, path: Union[str, os.PathLike]) -> None:
+        """Load register embeddings (and the offset generator's state) from a checkpoint directory.
+
+        The base model's weights are not touched: ``Trainer`` resumes them from the vanilla
+        checkpoint itself; this restores what only mutor knows.
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        state = load_file(str(path / SIDECAR_WEIGHTS))
+        weight = state["register_embeddings.weight"]
+        if weight.shape != self.register_embeddings.weight.shape:
+            raise ValueError(f"{path / SIDECAR_WEIGHTS}: register embeddings of shape {tuple(weight.shape)} do not "
+                             f"fit this model's {tuple(self.register_embeddings.weight.shape)}")
+        with torch.no_grad():
+            self.register_embeddings.weight.copy_(weight)
+        if "generator_state" in state and self._generator is not None:
+            self._generator.set_state(state["generator_state"])
+
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,
                         **model_kwargs: Any) -> "MuToRModel":
         """Restore a MuToRModel saved by :meth:`save_pretrained` (a peft adapter directory works too)."""
-        from safetensors.torch import load_file
-
         path = Path(path)
         for f in (SIDECAR_CONFIG, SIDECAR_WEIGHTS):
             if not (path / f).is_file():
@@ -279,13 +296,5 @@ class MuToRModel(nn.Module):
 
                 base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
         model = cls(base, config)
-        state = load_file(str(path / SIDECAR_WEIGHTS))
-        weight = state["register_embeddings.weight"]
-        if weight.shape != model.register_embeddings.weight.shape:
-            raise ValueError(f"{path / SIDECAR_WEIGHTS}: register embeddings of shape {tuple(weight.shape)} do not "
-                             f"fit this model's {tuple(model.register_embeddings.weight.shape)}")
-        with torch.no_grad():
-            model.register_embeddings.weight.copy_(weight)
-        if "generator_state" in state and model._generator is not None:
-            model._generator.set_state(state["generator_state"])
+        model.load_sidecar(path)
         return model

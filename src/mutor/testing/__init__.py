@@ -1,0 +1,66 @@
+"""Tiny, download-free stand-ins for tests, demos and CPU smoke recipes.
+
+``byte_tokenizer()`` is a real ``PreTrainedTokenizerFast`` (byte-level, no merges: one
+token per UTF-8 byte, plus pad/bos/eos) built in process, so text pipelines run end to end
+with no Hub access. ``tiny_causal_lm(vocab_size, family)`` builds a random model from a
+config. Recipes reach them with ``model.preset: tiny-llama`` and
+``model.tokenizer: byte``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+SPECIALS = ("<pad>", "<s>", "</s>")   # ids 0, 1, 2; the 256 bytes follow
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer with 259 ids: <pad>=0, <s>=1, </s>=2, then one id per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.padding_side = "right"
+    return fast
+
+
+PRESETS = {
+    # hidden, layers, heads, kv heads, intermediate
+    "tiny-llama": ("llama", 64, 2, 4, 2, 128),
+    "tiny-qwen2": ("qwen2", 64, 2, 4, 2, 128),
+    "tiny-gemma2": ("gemma2", 64, 2, 4, 2, 128),
+    "tiny-mistral": ("mistral", 64, 2, 4, 2, 128),
+    "small-llama": ("llama", 256, 4, 4, 4, 1024),
+}
+
+
+def tiny_causal_lm(vocab_size: int, preset: str = "tiny-llama", max_position_embeddings: int = 2048,
+                   attn_implementation: str = "sdpa", seed: Optional[int] = None, pad_token_id: int = 0,
+                   bos_token_id: Optional[int] = 1, eos_token_id: Optional[int] = 2, **overrides):
+    """A random-init causal LM of a named preset (see ``PRESETS``); fp32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known presets: {sorted(PRESETS)}")
+    family, hidden, layers, heads, kv, inter = PRESETS[preset]
+    kw = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+              num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max_position_embeddings,
+              pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+              tie_word_embeddings=False)
+    if family == "gemma2":
+        kw["head_dim"] = hidden // heads
+        attn_implementation = "eager" if attn_implementation == "sdpa" else attn_implementation
+    kw.update(overrides)
+    cfg = AutoConfig.for_model(family, **kw)
+    cfg._attn_implementation = attn_implementation
+    if seed is not None:
+        torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
