@@ -11,7 +11,9 @@ and are never supervised.
 Indices below are 0-based. A register after regular token ``x_t`` targets
 ``x_{t+d}`` and gets position id ``pos[t] + d - 1``: the position of the
 regular token that would predict ``x_{t+d}`` under next-token prediction.
-A register is *eligible* when its target is supervised (label != -100, not
+With ``loss_weight == 0`` no register is placed (only the attention rule, e.g. a
+bidirectional prefix, remains: that is how the next-token baseline trains with the
+paper's prefix attention). A register is *eligible* when its target is supervised (label != -100, not
 padding) and lies in the same document as ``x_t`` (documents come from
 ``position_ids`` restarting, as in packed batches, and from padding). In 2D
 mode a register is placed only after grid tokens and only where its 2D
@@ -134,6 +136,8 @@ def build_layout(
     tgt = ar + d[:, None]                                                           # (B, T)
     tgt_c = tgt.clamp(max=T - 1)
     eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
+    if config.loss_weight == 0:
+        eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing
     if config.is_2d:
         dw = torch.tensor([c[1] for c in choices], device=dev)[offset_index]        # (B,)
         rel = pos - config.grid_start

@@ -40,6 +40,7 @@ class TaskData:
     evaluator: Optional[Callable[[Any, int], dict]] = None
     primary_metric: Optional[str] = None      # the evaluator key a comparison table leads with
     info: dict = field(default_factory=dict)  # counts worth reporting (e.g. examples dropped as too long)
+    packing: bool = False                     # the task's default for data.packing (plain text: True)
 
 
 _BUILDERS: dict[str, Callable[..., TaskData]] = {}

@@ -1,0 +1,184 @@
+"""Text tasks: the paper's prompt/completion datasets, any prompt/completion data, and plain-text corpora.
+
+All of them load with ``datasets`` the way its users do: ``load_dataset(hub_id, config,
+split=...)`` for the Hub, or ``load_dataset("json"|"parquet", data_files=path)`` for a local
+file (``data.path`` in a recipe). Tests and CPU recipes use small files under ``tests/fixtures``.
+
+Prompt/completion examples become ``prompt_ids + completion_ids + [eos]`` with the loss on the
+completion (and eos) only. Prompt and completion are tokenized separately, so the prompt's
+tokens are exactly what evaluation feeds the model before it generates. Examples longer than
+``max_length`` tokens are dropped, as the paper does (512; 768 for 1M-MATH and summarization),
+and the count is reported in ``TaskData.info``.
+
+Plain-text corpora (``task: text``) put the loss on every token; each document is tokenized,
+ends with eos and is cut into pieces of at most ``max_length`` tokens. They are meant to be
+packed (``packing: true``, the default for ``text``): the collator concatenates a batch into
+one row with per-document position ids, so neither attention nor a register target crosses
+documents.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ..layout import IGNORE_INDEX
+from .registry import TaskData, register_task
+from .templates import TASKS, TextTask, get_task, render_completion, render_prompt
+
+_COMMON = {"path", "split", "limit", "max_length", "eval_path", "eval_split", "eval_limit", "num_proc"}
+
+
+def _check_options(options: dict, allowed: set, task: str) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"data options {unknown} are not understood by task {task!r}; it takes {sorted(allowed)}")
+
+
+def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_config: Optional[str] = None,
+              split: Optional[str] = "train"):
+    """A ``datasets.Dataset`` from a local JSON/JSONL/Parquet/CSV file (or directory of them), or from the Hub."""
+    import datasets
+
+    if path is not None:
+        p = os.fspath(path)
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"data.path {p!r} does not exist")
+        files = sorted(os.path.join(p, f) for f in os.listdir(p)) if os.path.isdir(p) else [p]
+        ext = os.path.splitext(files[0])[1].lower().lstrip(".")
+        builder = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv", "txt": "text"}.get(ext)
+        if builder is None:
+            raise ValueError(f"data.path {p!r}: unsupported file type {ext!r} (use .jsonl, .json, .parquet, .csv, .txt)")
+        return datasets.load_dataset(builder, data_files=files, split="train")
+    if hub_id is None:
+        raise ValueError("give data.path (a local file) or a Hub dataset id")
+    return datasets.load_dataset(hub_id, hub_config, split=split)
+
+
+def _need_tokenizer(tokenizer, task: str):
+    if tokenizer is None:
+        raise ValueError(f"task {task!r} needs a tokenizer: set model.tokenizer (or model.name_or_path)")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer {type(tokenizer).__name__} has no eos token; text tasks end every "
+                         "completion with eos")
+
+
+def tokenize_pair(tokenizer, prompt: str, completion: str) -> dict:
+    """``prompt + completion + eos``; labels -100 on the prompt."""
+    p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return {"input_ids": p + c, "labels": [IGNORE_INDEX] * len(p) + c}
+
+
+def _finish(rows, tokenizer, render, max_length: int, limit: Optional[int], num_proc: Optional[int]):
+    """Tokenize, drop examples longer than ``max_length``; return (dataset, n_before, n_dropped)."""
+    if limit is not None:
+        rows = rows.select(range(min(int(limit), len(rows))))
+    cols = rows.column_names
+
+    def encode(ex):
+        prompt, completion = render(ex)
+        return tokenize_pair(tokenizer, prompt, completion)
+
+    enc = rows.map(encode, remove_columns=cols, num_proc=num_proc, desc="tokenizing")
+    n = len(enc)
+    enc = enc.filter(lambda ex: len(ex["input_ids"]) <= max_length, num_proc=num_proc)
+    return enc, n, n - len(enc)
+
+
+def build_template_task(task: TextTask, options: dict, tokenizer, seed: int) -> TaskData:
+    _check_options(options, _COMMON, task.name)
+    _need_tokenizer(tokenizer, task.name)
+    max_length = int(options.get("max_length", task.max_length))
+
+    def rows_for(path, split, what):
+        rows = load_rows(path, task.hub_id, task.hub_config, split)
+        if task.filter is not None:
+            rows = rows.filter(task.filter)
+        if task.sample is not None and len(rows) > task.sample:
+            rows = rows.shuffle(seed=task.sample_seed).select(range(task.sample))
+        if len(rows) == 0:
+            raise ValueError(f"task {task.name!r}: no {what} examples left (path={path!r}, split={split!r})")
+        return rows
+
+    split = options.get("split", task.splits.get("train"))
+    if split is None and options.get("path") is None:
+        raise ValueError(f"task {task.name!r} has no training split on the Hub ({task.notes}); give data.path")
+    render = lambda ex: (render_prompt(task, ex), render_completion(task, ex))  # noqa: E731
+    train, n, dropped = _finish(rows_for(options.get("path"), split, "training"), tokenizer, render, max_length,
+                                options.get("limit"), options.get("num_proc"))
+    info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length, "loaded": n}
+    eval_ds = None
+    if options.get("eval_path") is not None or options.get("eval_split") is not None:
+        eval_ds, n_e, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
+                                    tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
+        info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
+    return TaskData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                    max_length=max_length, info=info)
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+for _name in TASKS:
+    def _builder(options: dict, tokenizer: Any, seed: int, _task=_name) -> TaskData:
+        return build_template_task(get_task(_task), options, tokenizer, seed)
+
+    register_task(_name)(_builder)
+
+
+@register_task("prompt_completion")
+def build_prompt_completion(options: dict, tokenizer, seed: int) -> TaskData:
+    """Any prompt/completion data: ``prompt_template``/``completion_template`` are ``str.format`` strings
+    over the example's fields (default: fields ``prompt`` and ``completion`` as they are)."""
+    extra = {"hub_id", "hub_config", "prompt_template", "completion_template"}
+    _check_options(options, _COMMON | extra, "prompt_completion")
+    task = TextTask(name="prompt_completion", hub_id=options.get("hub_id"), hub_config=options.get("hub_config"),
+                    prompt=options.get("prompt_template", "{prompt}"),
+                    completion=options.get("completion_template", "{completion}"), answer_field="completion",
+                    metric="none", splits={"train": options.get("split", "train")},
+                    max_length=int(options.get("max_length", 512)))
+    rest = {k: v for k, v in options.items() if k not in extra}
+    return build_template_task(task, rest, tokenizer, seed)
+
+
+@register_task("text")
+def build_text(options: dict, tokenizer, seed: int) -> TaskData:
+    """Plain-text pretraining data: loss on every token, documents cut into ``max_length`` pieces, packed."""
+    allowed = (_COMMON - {"eval_split"}) | {"hub_id", "hub_config", "text_field"}
+    _check_options(options, allowed | {"eval_split"}, "text")
+    _need_tokenizer(tokenizer, "text")
+    max_length = int(options.get("max_length", 1024))
+    field = options.get("text_field", "text")
+
+    def build(path, split, limit):
+        rows = load_rows(path, options.get("hub_id"), options.get("hub_config"), split)
+        if field not in rows.column_names:
+            raise ValueError(f"text data has no field {field!r} (fields: {rows.column_names}); set data.text_field")
+        if limit is not None:
+            rows = rows.select(range(min(int(limit), len(rows))))
+
+        def chunk(batch):
+            out = {"input_ids": [], "labels": []}
+            for text in batch[field]:
+                ids = tokenizer(text, add_special_tokens=True)["input_ids"] + [tokenizer.eos_token_id]
+                for i in range(0, len(ids), max_length):
+                    piece = ids[i:i + max_length]
+                    if len(piece) > 1:                      # a 1-token piece carries no next-token target
+                        out["input_ids"].append(piece)
+                        out["labels"].append(list(piece))
+            return out
+
+        return rows.map(chunk, batched=True, remove_columns=rows.column_names, num_proc=options.get("num_proc"),
+                        desc="tokenizing")
+
+    train = build(options.get("path"), options.get("split", "train"), options.get("limit"))
+    eval_ds = None
+    if options.get("eval_path") is not None or options.get("eval_split") is not None:
+        eval_ds = build(options.get("eval_path"), options.get("eval_split"), options.get("eval_limit"))
+    info = {"num_examples": len(train), "max_length": max_length, "dropped_too_long": 0}
+    return TaskData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                    max_length=max_length, info=info, packing=True)

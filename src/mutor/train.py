@@ -1,0 +1,316 @@
+"""``mutor train``: run a recipe, for one method or several under identical conditions.
+
+For each method the run is: seed everything, load the tokenizer, build the task (datasets,
+vocabulary, evaluator), load or build the base model (the same weights for every method:
+random init happens right after seeding), optionally wrap it in LoRA, wrap it for the method
+(``next_token`` trains the model as it is, exactly as a plain ``Trainer`` would), and train
+with :class:`~mutor.trainer.MuToRTrainer`. Each method's directory gets ``recipe.yaml`` (the
+resolved recipe for that method), Trainer's checkpoints (vanilla models plus the mutor
+sidecar), TensorBoard logs, the final model and ``summary.json``. With several methods the
+parent directory also gets ``comparison.json``, ``comparison.md`` and ``curves.png``.
+
+``resume=True`` continues every method from its last checkpoint (same data order, same
+offsets) and skips methods whose ``summary.json`` says they finished, so a long comparison can
+span several sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from .data.registry import TaskData, build_task
+from .io import atomic_write, write_json_atomic, write_text_atomic
+from .recipe import Recipe, load_recipe
+
+__all__ = ["run_recipe", "train_method", "build_tokenizer", "build_base_model", "wrap_for_method",
+           "training_arguments"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------ building
+def build_tokenizer(recipe: Recipe):
+    m = recipe.model
+    name = m.tokenizer if m.tokenizer is not None else m.name_or_path
+    if name is None:
+        return None
+    if name == "byte":
+        from .testing import byte_tokenizer
+
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name)
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token             # right padding is masked anyway
+    return tok
+
+
+def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn.Module:
+    """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task (seeded)."""
+    m = recipe.model
+    dtype = _DTYPES[m.dtype]
+    if m.name_or_path is not None:
+        from transformers import AutoModelForCausalLM
+
+        if m.config_overrides:
+            raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
+        return AutoModelForCausalLM.from_pretrained(m.name_or_path, dtype=dtype,
+                                                    attn_implementation=m.attn_implementation)
+    from .testing import tiny_causal_lm
+
+    if task.vocab_size is not None:
+        vocab = task.vocab_size
+    elif tokenizer is not None:
+        vocab = len(tokenizer)
+    else:
+        raise ValueError(f"task {recipe.data['task']!r} gives no vocabulary size and there is no tokenizer; "
+                         "set model.tokenizer")
+    d_extra = max(int(recipe.mutor.get("d_max", 4)), 1) * int(recipe.mutor.get("grid_width") or 1)
+    max_pos = max(2048, (task.max_length or 0) + d_extra + 8)
+    kw = dict(max_position_embeddings=max_pos, pad_token_id=task.pad_token_id, bos_token_id=task.bos_token_id,
+              eos_token_id=task.eos_token_id)
+    kw.update(m.config_overrides)
+    torch.manual_seed(recipe.seed)
+    model = tiny_causal_lm(vocab, m.preset, attn_implementation=m.attn_implementation, **kw)
+    return model.to(dtype)
+
+
+def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TaskData) -> torch.nn.Module:
+    """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
+    if method == "next_token":
+        if recipe.prefix_attention == "causal":
+            return base
+        from .model import MuToRModel
+
+        # same forward as the plain model, with the prefix mask; loss_weight 0 places no register
+        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **task.mutor_overrides))
+    if method == "mutor":
+        from .model import MuToRModel
+
+        return MuToRModel(base, recipe.mutor_config(**task.mutor_overrides))
+    if method == "multi_token":
+        from .multi_token import MultiTokenConfig, MultiTokenModel
+
+        if recipe.prefix_attention != "causal":
+            raise ValueError("method multi_token supports prefix_attention: causal only")
+        return MultiTokenModel(base, MultiTokenConfig(**recipe.multi_token))
+    raise ValueError(f"unknown method {method!r}")
+
+
+def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
+    if not lora:
+        return base
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:  # pragma: no cover
+        raise ImportError("recipe.lora needs peft: pip install 'mutor[peft]'") from err
+    cfg = dict(lora)
+    cfg.setdefault("task_type", "CAUSAL_LM")
+    try:
+        return get_peft_model(base, LoraConfig(**cfg))
+    except TypeError as err:
+        raise ValueError(f"recipe lora: {err}") from None
+
+
+def training_arguments(recipe: Recipe, output_dir: Path):
+    from transformers import TrainingArguments
+
+    defaults = dict(output_dir=str(output_dir), seed=recipe.seed, logging_steps=10, save_strategy="steps",
+                    save_steps=500, report_to=["tensorboard"], remove_unused_columns=False,
+                    lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
+                    dataloader_pin_memory=torch.cuda.is_available())
+    args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
+    try:
+        return TrainingArguments(**args)
+    except TypeError as err:
+        raise ValueError(f"recipe training: {err} (fields of transformers.TrainingArguments)") from None
+
+
+def count_parameters(model: torch.nn.Module) -> dict:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"total": total, "trainable": trainable}
+
+
+# ------------------------------------------------------------------- running
+def _resolve_path(value, source_dir: Optional[str]):
+    """A relative data path: as given if it exists from here, else relative to the recipe file."""
+    if not isinstance(value, str) or Path(value).is_absolute() or Path(value).exists() or source_dir is None:
+        return value
+    cand = Path(source_dir) / value
+    return str(cand) if cand.exists() else value
+
+
+def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = False,
+                 say=print) -> dict:
+    """Train one method; returns its summary (also written to ``output_dir/summary.json``)."""
+    from transformers import set_seed
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .collator import make_collator
+    from .trainer import MuToRTrainer
+
+    r = recipe.for_method(method)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(output_dir / "recipe.yaml", r.to_yaml())
+    set_seed(r.seed)
+    tokenizer = build_tokenizer(r)
+    options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
+               for k, v in r.data.items() if k not in ("task", "packing")}
+    task = build_task(r.data["task"], options, tokenizer, r.seed)
+    packing = r.data.get("packing", task.packing)
+    base = build_base_model(r, task, tokenizer)
+    base_params = count_parameters(base)["total"]
+    base = apply_lora(base, r.lora)
+    lora_params = count_parameters(base)["total"] - base_params
+    model = wrap_for_method(base, r, method, task)
+    params = count_parameters(model)
+    added = params["total"] - base_params - lora_params
+    say(f"[mutor train] {method}: base model {base_params:,} parameters"
+        + (f", LoRA {lora_params:,}" if lora_params else "")
+        + f"; added by the method {added:,}; trainable {params['trainable']:,}")
+    if task.info:
+        say(f"[mutor train] data: {task.info}")
+
+    args = training_arguments(r, output_dir)
+    trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
+                           eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
+                           processing_class=tokenizer, task_evaluator=task.evaluator)
+    last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
+    if last:
+        say(f"[mutor train] {method}: resuming from {last}")
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=last)
+    wall = time.perf_counter() - t0
+    trainer.save_model(str(output_dir))
+    summary = {
+        "method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
+        "global_step": trainer.state.global_step, "train_loss": result.training_loss,
+        "train_metrics": result.metrics, "wall_seconds": wall, "resumed_from": last,
+        "parameters": {"base": base_params, "lora": lora_params, "added_by_method": added, **params}, "data": task.info,
+        "primary_metric": task.primary_metric,
+        "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
+        "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
+        "finished": True,
+    }
+    write_json_atomic(output_dir / "summary.json", summary)
+    return summary
+
+
+def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[str]] = None,
+               resume: bool = False, quiet: bool = False) -> dict:
+    """Run every method of a recipe; returns ``{"recipe": ..., "runs": [summary, ...], "output_dir": ...}``."""
+    recipe = source if isinstance(source, Recipe) else load_recipe(source, overrides)
+    say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, flush=True))
+    if quiet:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
+    methods = recipe.methods
+    runs = []
+    for method in methods:
+        out = root / method if len(methods) > 1 else root
+        done = out / "summary.json"
+        if resume and done.is_file() and json.loads(done.read_text()).get("finished"):
+            say(f"[mutor train] {method}: finished earlier ({done}); skipping")
+            runs.append(json.loads(done.read_text()))
+            continue
+        runs.append(train_method(recipe, method, out, resume=resume, say=say))
+        if len(methods) > 1:
+            write_comparison(root, recipe, runs)
+    result = {"recipe": recipe.to_dict(), "runs": runs, "output_dir": str(root)}
+    if len(methods) > 1:
+        write_comparison(root, recipe, runs)
+        if not quiet:
+            print_comparison(runs)
+    return result
+
+
+# ---------------------------------------------------------------- comparison
+def _final_eval(run: dict) -> dict:
+    hist = run.get("eval_history") or []
+    return {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k != "eval_step"} if hist else {}
+
+
+def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    metrics: list[str] = []
+    for run in runs:
+        for k in _final_eval(run):
+            if k not in metrics:
+                metrics.append(k)
+    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
+    if primary in metrics:
+        metrics.remove(primary)
+        metrics.insert(0, primary)
+    header = ["method", "steps"] + metrics + (["best " + primary] if primary else []) + ["train loss", "wall s"]
+    rows = []
+    for run in runs:
+        fin = _final_eval(run)
+        best = max((h.get(f"eval_{primary}", -math.inf) for h in run.get("eval_history", [])), default=None)
+        rows.append([run["method"], str(run["global_step"])]
+                    + [f"{fin[m]:.4f}" if isinstance(fin.get(m), (int, float)) else "-" for m in metrics]
+                    + ([f"{best:.4f}" if best not in (None, -math.inf) else "-"] if primary else [])
+                    + [f"{run['train_loss']:.4f}", f"{run['wall_seconds']:.0f}"])
+    return header, rows
+
+
+def comparison_markdown(runs: list[dict]) -> str:
+    header, rows = comparison_rows(runs)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def print_comparison(runs: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    header, rows = comparison_rows(runs)
+    table = Table(title="mutor train: methods compared (final held-out evaluation)")
+    for c in header:
+        table.add_column(c, justify="left" if c == "method" else "right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=max(100, 14 * len(header))).print(table)
+
+
+def write_comparison(root: Path, recipe: Recipe, runs: list[dict]) -> None:
+    write_json_atomic(root / "comparison.json", {"recipe": recipe.to_dict(), "runs": runs})
+    write_text_atomic(root / "comparison.md", comparison_markdown(runs))
+    plot_curves(runs, root / "curves.png", title=recipe.name)
+
+
+def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
+    """Primary held-out metric (if any) and training ntp loss over steps, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
+    panels = ([("eval", primary)] if primary else []) + [("train", "ntp_loss")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (kind, key) in zip(axes[0], panels):
+        for run in runs:
+            if kind == "eval":
+                pts = [(h["eval_step"], h.get(f"eval_{key}")) for h in run.get("eval_history", [])]
+            else:
+                pts = [(h["step"], h.get("ntp_loss", h.get("loss"))) for h in run.get("train_history", [])]
+            pts = [(s, v) for s, v in pts if v is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, label=run["method"])
+        ax.set_title(f"held-out {key}" if kind == "eval" else "training next-token loss", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)

@@ -1,0 +1,39 @@
+"""``mutor train [RECIPE] [key=value ...] [--resume]``: the logic lives in :mod:`mutor.train`."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_RECIPE = "star-graph"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train with a YAML recipe (default: the CPU next-token vs MuToR comparison)",
+        description="Train with a recipe: a YAML file or the name of a shipped one (see configs/). Overrides are "
+                    "dotted keys: training.max_steps=200 mutor.d_max=6 'method=[next_token,mutor]'. With no "
+                    f"recipe, runs '{DEFAULT_RECIPE}', the default CPU comparison.")
+    p.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE, help=f"recipe file or name (default {DEFAULT_RECIPE})")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides (values are YAML)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each method from its last checkpoint; skip methods that finished")
+    p.add_argument("--output-dir", default=None, help="shortcut for training.output_dir=...")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .train import run_recipe
+
+    overrides = list(args.overrides)
+    if "=" in args.recipe:                       # `mutor train key=value`: overrides of the default recipe
+        overrides.insert(0, args.recipe)
+        args.recipe = DEFAULT_RECIPE
+    if args.output_dir:
+        overrides.append(f"training.output_dir={args.output_dir}")
+    try:
+        result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"mutor train: {err}") from None
+    if not args.quiet:
+        print(f"[mutor train] results in {result['output_dir']}")
+    return 0

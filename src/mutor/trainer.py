@@ -1,0 +1,281 @@
+"""MuToRTrainer: ``transformers.Trainer`` that drives MuToR, the Multi-Token baseline, or a plain model.
+
+It overrides only what it must:
+
+* ``get_batch_samples`` / ``training_step``: for an auxiliary objective (registers or heads)
+  the auxiliary targets of *all* micro-batches of an optimizer step are counted before the
+  first forward, as Trainer counts label tokens for ``num_items_in_batch``; MuToR's offsets
+  are sampled then (and passed as ``offset_index``) so that the count is known in advance.
+  That happens in the step's first ``training_step``, after Trainer has restored the RNG
+  states of a resumed run, so a resumed run samples the same offsets. Both
+  losses are then token-weighted means over the whole accumulated (and, with
+  ``average_tokens_across_devices``, distributed) batch, so gradient accumulation gives the
+  same update as one big batch.
+* ``compute_loss``: passes ``num_registers_in_batch`` and keeps ntp / auxiliary / per-offset
+  losses and accuracies for the logs; for a plain model it is Trainer's own, untouched.
+* ``log``: adds those running means (token-weighted over the logging window).
+* ``_save`` / ``_load_from_checkpoint``: a checkpoint is the base model saved exactly as
+  transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both.
+  ``Trainer.train(resume_from_checkpoint=...)`` then restores optimizer, scheduler, RNG states
+  and data position as usual, so a resumed run continues exactly.
+
+A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) runs every
+``eval_steps`` and at the end; its numbers go through ``self.log`` (TensorBoard, progress bar,
+``trainer_state.json``) with an ``eval_`` prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from .config import MuToRConfig
+from .layout import IGNORE_INDEX, build_layout, sample_offsets
+from .model import MuToRModel
+
+__all__ = ["MuToRTrainer", "aux_wrapper_types", "count_aux_targets"]
+
+
+def aux_wrapper_types() -> tuple[type, ...]:
+    """The wrapper classes whose objective has auxiliary targets."""
+    types: list[type] = [MuToRModel]
+    try:
+        from .multi_token import MultiTokenModel
+
+        types.append(MultiTokenModel)
+    except ImportError:  # pragma: no cover - until the baseline module exists
+        pass
+    return tuple(types)
+
+
+def _labels_of(batch: dict) -> torch.Tensor:
+    labels = batch.get("labels")
+    if labels is not None:
+        return labels
+    ids, am = batch["input_ids"], batch.get("attention_mask")
+    return ids if am is None else ids.masked_fill(am == 0, IGNORE_INDEX)
+
+
+def count_aux_targets(wrapper: torch.nn.Module, batch: dict) -> int:
+    """Auxiliary targets the wrapper will train on for ``batch``.
+
+    MuToR: samples the per-row offsets now (into ``batch["offset_index"]``, with the model's
+    own generator when it has one) and counts the registers they give. The count does not
+    depend on which random subset ``num_registers`` later picks, only on how many are eligible.
+    Multi-Token: head ``k`` has a target at ``t`` when ``x_{t+k}`` is supervised and in the same
+    document, i.e. exactly MuToR's eligibility with ``d = k``.
+    """
+    labels = _labels_of(batch)
+    am, pos = batch.get("attention_mask"), batch.get("position_ids")
+    if isinstance(wrapper, MuToRModel):
+        cfg = wrapper.mutor_config
+        if "offset_index" not in batch:
+            batch["offset_index"] = sample_offsets(cfg, labels.shape[0], wrapper._generator)
+        layout = build_layout(labels, cfg, am, pos, batch["offset_index"], generator=torch.Generator())
+        return layout.num_registers
+    d_max = int(wrapper.config_mt.d_max if hasattr(wrapper, "config_mt") else wrapper.multi_token_config.d_max)
+    total = 0
+    for k in range(2, d_max + 1):
+        total += build_layout(labels, MuToRConfig(d_max=k, min_offset=k), am, pos).num_registers
+    return total
+
+
+class _TaskEvalCallback(TrainerCallback):
+    """Run the task's evaluator at step 0, every ``eval_steps`` and at the end of training."""
+
+    def __init__(self, trainer: "MuToRTrainer"):
+        self.trainer = trainer
+
+    def _run(self, state) -> None:
+        t = self.trainer
+        done = {h["eval_step"] for h in state.log_history if "eval_step" in h}
+        if state.global_step in done:
+            return
+        metrics = t.run_task_evaluator(state.global_step)
+        if metrics:
+            t.log({"eval_step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._run(state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        every = args.eval_steps if args.eval_steps else None
+        if (every and state.global_step % int(every) == 0) or state.global_step >= state.max_steps:
+            self._run(state)
+
+
+class MuToRTrainer(Trainer):
+    """``Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
+
+    ``task_evaluator(model, step) -> dict`` (optional) computes held-out metrics with the plain
+    base model; everything else is ``transformers.Trainer``'s own arguments.
+    """
+
+    def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.task_evaluator = task_evaluator
+        self._num_aux_in_batch: Optional[torch.Tensor] = None
+        self._pending = None
+        self._sums: dict[str, Any] = defaultdict(float)
+        if task_evaluator is not None:
+            self.add_callback(_TaskEvalCallback(self))
+
+    # ----------------------------------------------------------------- helpers
+    def aux_wrapper(self) -> Optional[torch.nn.Module]:
+        """The MuToR / Multi-Token wrapper being trained, or None for a plain model."""
+        m = self.accelerator.unwrap_model(self.model)
+        return m if isinstance(m, aux_wrapper_types()) else None
+
+    def plain_model(self) -> torch.nn.Module:
+        """The base model (what is saved and what generates), without any wrapper."""
+        w = self.aux_wrapper()
+        return w.base_model if w is not None else self.accelerator.unwrap_model(self.model)
+
+    @torch.no_grad()
+    def run_task_evaluator(self, step: int) -> dict:
+        if self.task_evaluator is None:
+            return {}
+        model = self.plain_model()
+        was = model.training
+        model.eval()
+        try:
+            return dict(self.task_evaluator(model, step))
+        finally:
+            model.train(was)
+
+    # --------------------------------------------------------------- the loss
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        # offsets are sampled at the step's first training_step, not here: on resume, Trainer restores the
+        # RNG states only after fetching the first step's batches, and the offsets must come after that
+        self._pending = (batch_samples, device) if self.aux_wrapper() is not None else None
+        self._num_aux_in_batch = None
+        return batch_samples, num_items_in_batch
+
+    def _prepare_aux_counts(self) -> None:
+        """Sample MuToR offsets for every micro-batch of this optimizer step and count auxiliary targets."""
+        batch_samples, device = self._pending
+        self._pending = None
+        w = self.aux_wrapper()
+        n = torch.tensor(sum(count_aux_targets(w, b) for b in batch_samples), device=device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            n = self.accelerator.gather(n).sum()
+        self._num_aux_in_batch = n
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if getattr(self, "_pending", None) is not None:
+            self._prepare_aux_counts()
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.aux_wrapper() is None:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        if model.training and self._num_aux_in_batch is not None and num_items_in_batch is not None:
+            inputs = {**inputs, "num_registers_in_batch": self._num_aux_in_batch}
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if model.training:
+            self._accumulate(outputs, num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
+
+    @torch.no_grad()
+    def _accumulate(self, out, num_items_in_batch) -> None:
+        """Keep sums so that the logged values are token-weighted means over the logging window."""
+        s = self._sums
+        n_ntp = float(out.num_ntp_tokens or 0)
+        n_reg = float(out.num_registers or 0)
+        ntp_den = float(num_items_in_batch) if num_items_in_batch is not None else max(n_ntp, 1.0)
+        reg_den = float(self._num_aux_in_batch) if self._num_aux_in_batch is not None and \
+            num_items_in_batch is not None else max(n_reg, 1.0)
+        s["ntp_sum"] += float(out.ntp_loss) * ntp_den
+        s["ntp_n"] += n_ntp
+        if out.reg_loss is not None:
+            s["reg_sum"] += float(out.reg_loss) * reg_den
+            s["reg_n"] += n_reg
+            s["acc_sum"] += float(out.reg_accuracy) * n_reg
+        if out.reg_count_per_offset is not None:
+            cnt = out.reg_count_per_offset.detach().float().cpu()
+            s["k_n"] = s["k_n"] + cnt
+            s["k_loss"] = s["k_loss"] + out.reg_loss_per_offset.detach().float().cpu() * cnt
+            s["k_acc"] = s["k_acc"] + out.reg_accuracy_per_offset.detach().float().cpu() * cnt
+
+    def _offset_names(self) -> list[str]:
+        w = self.aux_wrapper()
+        if isinstance(w, MuToRModel):
+            return w.mutor_config.offset_names()
+        d_max = int(getattr(getattr(w, "config_mt", None) or getattr(w, "multi_token_config", None), "d_max", 1))
+        return [f"d={k}" for k in range(2, d_max + 1)]
+
+    def log(self, logs: dict, start_time: Optional[float] = None) -> None:
+        s = self._sums
+        if "loss" in logs and s.get("ntp_n"):
+            logs["ntp_loss"] = round(s["ntp_sum"] / s["ntp_n"], 6)
+            if s.get("reg_n"):
+                logs["reg_loss"] = round(s["reg_sum"] / s["reg_n"], 6)
+                logs["reg_accuracy"] = round(s["acc_sum"] / s["reg_n"], 6)
+            if isinstance(s.get("k_n"), torch.Tensor):
+                for name, n, l, a in zip(self._offset_names(), s["k_n"].tolist(), s["k_loss"].tolist(),
+                                         s["k_acc"].tolist()):
+                    if n:
+                        logs[f"reg_loss/{name}"] = round(l / n, 6)
+                        logs[f"reg_accuracy/{name}"] = round(a / n, 6)
+            self._sums = defaultdict(float)
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------ checkpoints
+    def _save(self, output_dir: Optional[str] = None, state_dict: Optional[dict] = None) -> None:
+        w = self.aux_wrapper()
+        if w is None:
+            return super()._save(output_dir, state_dict)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        base_sd = None
+        if state_dict is not None:          # FSDP/DeepSpeed gather the wrapper's state dict for us
+            base_sd = {k[len("base_model."):]: v for k, v in state_dict.items() if k.startswith("base_model.")}
+        save_wrapper_into(w, output_dir, state_dict=base_sd)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Optional[torch.nn.Module] = None) -> None:
+        target = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if not isinstance(target, aux_wrapper_types()):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+        super()._load_from_checkpoint(resume_from_checkpoint, model=target.base_model)
+        target.load_sidecar(resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        if self.aux_wrapper() is None:
+            return super()._load_best_model()
+        if self.state.best_model_checkpoint:
+            self._load_from_checkpoint(self.state.best_model_checkpoint)
+
+
+def save_wrapper_into(wrapper: torch.nn.Module, output_dir: str, state_dict: Optional[dict] = None) -> None:
+    """``wrapper.save_pretrained`` into an existing directory without disturbing what else is there.
+
+    The wrapper writes a complete checkpoint into a temporary sibling; each file is then renamed
+    into ``output_dir`` (one atomic rename per file), so a checkpoint directory that Trainer also
+    fills (optimizer, RNG state, trainer_state.json) or a run directory with logs is never replaced.
+    """
+    dest = Path(output_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.save-", dir=dest.parent))
+    try:
+        kwargs = {} if state_dict is None else {"state_dict": state_dict}
+        wrapper.save_pretrained(tmp / "m", **kwargs)
+        for f in sorted((tmp / "m").rglob("*")):
+            if f.is_file():
+                target = dest / f.relative_to(tmp / "m")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,251 @@
+"""MuToRTrainer and `mutor train`: plain-Trainer equality, gradient accumulation, exact resume, vanilla checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+from mutor import MuToRConfig, MuToRModel
+from mutor.collator import PaddingCollator
+from mutor.recipe import load_recipe
+from mutor.testing import byte_tokenizer, tiny_causal_lm
+from mutor.train import run_recipe
+from mutor.trainer import MuToRTrainer
+
+FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"
+
+
+def _examples(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p, a = 3 + i % 4, 5 + (i * 3) % 7
+        ids = torch.randint(3, 259, (p + a,), generator=g).tolist()
+        out.append({"input_ids": ids, "labels": [-100] * p + ids[p:], "offset_index": i % 3})
+    return out
+
+
+class _WithOffsets(PaddingCollator):
+    """Carries a fixed per-example offset choice, so runs with different batching sample the same offsets."""
+
+    def __call__(self, features):
+        batch = super().__call__(features)
+        batch["offset_index"] = torch.tensor([f["offset_index"] for f in features])
+        return batch
+
+
+def _args(tmp, **kw):
+    base = dict(output_dir=str(tmp), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
+                report_to=[], save_strategy="no", logging_steps=1, seed=0, use_cpu=True,
+                dataloader_pin_memory=False, disable_tqdm=True, remove_unused_columns=False, max_grad_norm=0.0)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same(a, b, atol=0.0):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-5, msg=lambda m: f"{k}: {m}")
+
+
+def test_next_token_is_exactly_a_plain_trainer_run(tmp_path):
+    data = [{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples()]
+    runs = []
+    for cls in (Trainer, MuToRTrainer):
+        model = tiny_causal_lm(259, seed=0)
+        cls(model=model, args=_args(tmp_path / cls.__name__), train_dataset=data,
+            data_collator=PaddingCollator()).train()
+        runs.append(_state(model))
+    _assert_same(*runs)
+
+
+@pytest.mark.parametrize("cfg", [MuToRConfig(d_max=3, loss_weight=0.3),
+                                 MuToRConfig(d_max=3, loss_weight=0.5, num_registers=2, seed=1)],
+                         ids=["all-registers", "two-registers"])
+def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg):
+    """Token-weighted means over the accumulated batch: 1x4 and 2x2 give the same update.
+
+    SGD, because Adam's g/sqrt(v) turns float rounding in near-zero gradients into full-size steps."""
+    data = _examples()
+    states = []
+    for bs, ga in ((4, 1), (2, 2)):
+        model = MuToRModel(tiny_causal_lm(259, seed=0), cfg)
+        torch.manual_seed(0)
+        MuToRTrainer(model=model, args=_args(tmp_path / f"{bs}x{ga}", per_device_train_batch_size=bs,
+                                             gradient_accumulation_steps=ga, optim="sgd"),
+                     train_dataset=data, data_collator=_WithOffsets()).train()
+        states.append(_state(model))
+    if cfg.num_registers is None:
+        _assert_same(*states, atol=2e-6)
+    else:  # which 2 registers are picked depends on the batching; only the counts are batching-free
+        assert all(torch.isfinite(v).all() for v in states[1].values())
+
+
+def test_accumulated_denominators_are_the_global_counts(tmp_path):
+    data = _examples(8)
+    model = MuToRModel(tiny_causal_lm(259, seed=0), MuToRConfig(d_max=3, loss_weight=0.3))
+    trainer = MuToRTrainer(model=model, args=_args(tmp_path, per_device_train_batch_size=2,
+                                                   gradient_accumulation_steps=2, max_steps=1),
+                           train_dataset=data, data_collator=_WithOffsets())
+    batches = [_WithOffsets()(data[i:i + 2]) for i in (0, 2)]
+    it = iter(batches)
+    samples, n_items = trainer.get_batch_samples(it, 2, torch.device("cpu"))
+    trainer._prepare_aux_counts()
+    outs = [model(**b) for b in samples]
+    assert int(n_items) == sum(o.num_ntp_tokens for o in outs)
+    assert int(trainer._num_aux_in_batch) == sum(o.num_registers for o in outs)
+
+
+RECIPE = {
+    "method": "mutor", "seed": 0,
+    "model": {"preset": "tiny-llama", "tokenizer": "byte"},
+    "mutor": {"d_max": 3, "loss_weight": 0.3},
+    "data": {"task": "gsm8k", "path": str(FIXTURE), "limit": 24},
+    "training": {"max_steps": 6, "per_device_train_batch_size": 4, "learning_rate": 1e-3, "save_steps": 3,
+                 "logging_steps": 3, "report_to": [], "use_cpu": True, "disable_tqdm": True,
+                 "dataloader_pin_memory": False},
+}
+
+
+def _final_weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {**load_file(str(run_dir / "model.safetensors")), **load_file(str(run_dir / "mutor.safetensors"))}
+
+
+@pytest.mark.parametrize("method", ["mutor", "next_token"])
+def test_resume_continues_exactly(tmp_path, method):
+    """6 steps straight == a run killed after checkpoint-3 and resumed in a new trainer (same offsets too)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(a)}), quiet=True)
+    b.mkdir()
+    shutil.copytree(a / "checkpoint-3", b / "checkpoint-3")      # all an interrupted run would have left
+    out = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
+                     quiet=True, resume=True)
+    assert out["runs"][0]["resumed_from"].endswith("checkpoint-3") and out["runs"][0]["global_step"] == 6
+    _assert_same(load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors")))
+    if method == "mutor":
+        _assert_same(load_file(str(a / "mutor.safetensors")), load_file(str(b / "mutor.safetensors")))
+    # and a finished run is skipped on --resume
+    again = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
+                       quiet=True, resume=True)
+    assert again["runs"][0]["resumed_from"].endswith("checkpoint-3")
+
+
+def test_checkpoints_are_vanilla_models_plus_sidecar(tmp_path):
+    r = dict(RECIPE, training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 3})
+    run_recipe(r, quiet=True)
+    ck = tmp_path / "checkpoint-3"
+    for d in (ck, tmp_path):
+        assert (d / "mutor.safetensors").is_file() and (d / "mutor_config.json").is_file()
+        model = AutoModelForCausalLM.from_pretrained(str(d))
+        assert type(model).__name__ == "LlamaForCausalLM"
+    wrapped = MuToRModel.from_pretrained(str(tmp_path))
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    torch.testing.assert_close(wrapped.base_model(input_ids=ids).logits, plain(input_ids=ids).logits)
+    assert (tmp_path / "recipe.yaml").is_file() and (tmp_path / "tokenizer_config.json").is_file()
+
+
+def test_lora_recipe_trains_adapter_and_registers(tmp_path):
+    r = dict(RECIPE, lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+             training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2})
+    out = run_recipe(r, quiet=True)
+    params = out["runs"][0]["parameters"]
+    assert params["lora"] > 0 and params["added_by_method"] == 64
+    assert params["trainable"] == params["lora"] + params["added_by_method"]
+    assert (tmp_path / "adapter_config.json").is_file() and not (tmp_path / "model.safetensors").exists()
+    from peft import PeftModel
+
+    base = PeftModel.from_pretrained(tiny_causal_lm(259, seed=1), str(tmp_path))   # a random base has no Hub id
+    m = MuToRModel.from_pretrained(str(tmp_path), base=base)
+    assert hasattr(m.base_model, "peft_config") and m.register_embeddings.weight.shape == (1, 64)
+
+
+def test_bidirectional_next_token_places_no_registers(tmp_path):
+    r = dict(RECIPE, method="next_token", prefix_attention="bidirectional",
+             training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,
+                       "logging_steps": 1})
+    out = run_recipe(r, quiet=True)
+    assert out["runs"][0]["parameters"]["added_by_method"] == 64      # the (unused) register vector
+    assert "reg_loss" not in out["runs"][0]["train_history"][-1] or \
+        out["runs"][0]["train_history"][-1].get("reg_loss") is None
+
+
+def test_packed_text_pretraining(tmp_path):
+    r = dict(RECIPE, data={"task": "text", "path": str(FIXTURE.parent / "text_tiny.jsonl"), "max_length": 64},
+             training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,
+                       "logging_steps": 1})
+    out = run_recipe(r, quiet=True)
+    hist = out["runs"][0]["train_history"]
+    assert hist and all(torch.isfinite(torch.tensor(h["loss"])) for h in hist)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"methd": "mutor"}, "unknown key"),
+    ({"method": "mtp"}, "is not one of"),
+    ({"method": ["mutor", "mutor"]}, "repeats"),
+    ({"mutor": {"d_max": 0}}, "MuToRConfig.d_max"),
+    ({"model": {"presett": "x"}}, "unknown key"),
+    ({"data": {"path": "x"}}, "needs a `task`"),
+    ({"prefix_attention": "both"}, "causal or bidirectional"),
+])
+def test_recipe_errors_name_the_problem(bad, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe({**RECIPE, **bad})
+
+
+def test_unknown_training_field_and_task_option(tmp_path):
+    with pytest.raises(ValueError, match="TrainingArguments"):
+        run_recipe(dict(RECIPE, training={**RECIPE["training"], "output_dir": str(tmp_path), "lr": 1}), quiet=True)
+    with pytest.raises(ValueError, match="colour"):
+        run_recipe(dict(RECIPE, data={**RECIPE["data"], "colour": "red"},
+                        training={**RECIPE["training"], "output_dir": str(tmp_path)}), quiet=True)
+
+
+def test_overrides_are_yaml_and_dotted():
+    r = load_recipe(RECIPE, ["training.learning_rate=2e-5", "method=[next_token,mutor]", "mutor.d_max=6",
+                             "lora=null"])
+    assert r.training["learning_rate"] == 2e-5 and r.methods == ["next_token", "mutor"]
+    assert r.mutor_config().d_max == 6 and r.lora is None
+    with pytest.raises(ValueError, match="key.sub=value"):
+        load_recipe(RECIPE, ["training.learning_rate"])
+
+
+def test_template_loss_only_on_completion_and_length_filter():
+    from mutor.data import build_task
+
+    tok = byte_tokenizer()
+    task = build_task("gsm8k", {"path": str(FIXTURE), "max_length": 120}, tok)
+    assert task.info["dropped_too_long"] > 0
+    assert task.info["num_examples"] + task.info["dropped_too_long"] == task.info["loaded"] == 64
+    ex = task.train_dataset[0]
+    assert len(ex["input_ids"]) <= 120
+    n_prompt = sum(1 for x in ex["labels"] if x == -100)
+    prompt = tok.decode(ex["input_ids"][:n_prompt])
+    assert prompt.startswith("Question: ") and prompt.endswith("\n\nAnswer:")
+    completion = tok.decode(ex["labels"][n_prompt:])
+    assert completion.startswith(" ") and "####" in completion and ex["labels"][-1] == tok.eos_token_id
+
+
+def test_cli_runs_a_shipped_recipe(tmp_path):
+    from mutor.cli import main
+
+    main(["train", "tiny/gsm8k", "method=[next_token,mutor,multi_token]", "training.max_steps=2",
+          "training.save_steps=2", "training.report_to=[]", "training.disable_tqdm=true",
+          "--output-dir", str(tmp_path), "--quiet"])
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["method"] for r in cmp["runs"]] == ["next_token", "mutor", "multi_token"]
+    assert (tmp_path / "comparison.md").is_file() and (tmp_path / "curves.png").stat().st_size > 0
