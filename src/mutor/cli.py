@@ -27,7 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(None if argv is None else [str(a) for a in argv])
+    parser = build_parser()
+    args, extra = parser.parse_known_args(None if argv is None else [str(a) for a in argv])
+    if extra:   # key=value overrides may follow options: `mutor train R --quiet a.b=1`
+        if getattr(args, "overrides", None) is not None and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return importlib.import_module(COMMANDS[args.command]).run(args)
 
 

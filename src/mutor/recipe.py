@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -28,6 +29,27 @@ from .config import MuToRConfig
 __all__ = ["ModelArgs", "Recipe", "METHODS", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
 
 METHODS = ("next_token", "mutor", "multi_token")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 scalars: only true/false are booleans (``save_strategy: no`` stays "no") and
+    ``2e-5`` is a float, as a Python user expects."""
+
+
+_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:bool",
+                                                                                 "tag:yaml.org,2002:float")]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -145,13 +167,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     key, value = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ValueError(f"override {item!r}: bad key {key!r}")
-    parsed = yaml.safe_load(value) if value != "" else None
-    if isinstance(parsed, str):
-        try:                        # YAML 1.1 reads 2e-5 (no dot) as a string; a number is meant
-            parsed = float(parsed) if any(c in parsed.lower() for c in ".e") else int(parsed)
-        except ValueError:
-            pass
-    return key.split("."), parsed
+    return key.split("."), yaml_load(value) if value != "" else None
 
 
 def apply_overrides(data: dict, overrides: Optional[list[str]]) -> dict:
@@ -176,7 +192,7 @@ def load_recipe(source: Union[str, Path, dict], overrides: Optional[list[str]] =
         data, name = copy.deepcopy(source), None
     else:
         path = find_recipe(source)
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a recipe must be a YAML mapping")
         name = path.stem

@@ -149,7 +149,7 @@ def _resolve_path(value, source_dir: Optional[str]):
 
 
 def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = False,
-                 say=print) -> dict:
+                 say=print, quiet: bool = False) -> dict:
     """Train one method; returns its summary (also written to ``output_dir/summary.json``)."""
     from transformers import set_seed
     from transformers.trainer_utils import get_last_checkpoint
@@ -183,6 +183,11 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
                            processing_class=tokenizer, task_evaluator=task.evaluator)
+    if quiet:
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
     last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
     if last:
         say(f"[mutor train] {method}: resuming from {last}")
@@ -210,9 +215,12 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
     recipe = source if isinstance(source, Recipe) else load_recipe(source, overrides)
     say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, flush=True))
     if quiet:
+        import datasets
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
     methods = recipe.methods
     runs = []
@@ -223,7 +231,7 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
             say(f"[mutor train] {method}: finished earlier ({done}); skipping")
             runs.append(json.loads(done.read_text()))
             continue
-        runs.append(train_method(recipe, method, out, resume=resume, say=say))
+        runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet))
         if len(methods) > 1:
             write_comparison(root, recipe, runs)
     result = {"recipe": recipe.to_dict(), "runs": runs, "output_dir": str(root)}
