@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from mutor import MuToRConfig, MuToRModel
 from mutor.collator import PaddingCollator
+from mutor.multi_token import MultiTokenConfig, MultiTokenModel
 from mutor.recipe import load_recipe
 from mutor.testing import byte_tokenizer, tiny_causal_lm
 from mutor.train import run_recipe
@@ -68,8 +69,9 @@ def test_next_token_is_exactly_a_plain_trainer_run(tmp_path):
 
 
 @pytest.mark.parametrize("cfg", [MuToRConfig(d_max=3, loss_weight=0.3),
-                                 MuToRConfig(d_max=3, loss_weight=0.5, num_registers=2, seed=1)],
-                         ids=["all-registers", "two-registers"])
+                                 MuToRConfig(d_max=3, loss_weight=0.5, num_registers=2, seed=1),
+                                 MultiTokenConfig(d_max=3, loss_weight=0.3)],
+                         ids=["all-registers", "two-registers", "multi-token"])
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg):
     """Token-weighted means over the accumulated batch: 1x4 and 2x2 give the same update.
 
@@ -77,13 +79,14 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg):
     data = _examples()
     states = []
     for bs, ga in ((4, 1), (2, 2)):
-        model = MuToRModel(tiny_causal_lm(259, seed=0), cfg)
+        wrapper = MultiTokenModel if isinstance(cfg, MultiTokenConfig) else MuToRModel
+        model = wrapper(tiny_causal_lm(259, seed=0), cfg)
         torch.manual_seed(0)
         MuToRTrainer(model=model, args=_args(tmp_path / f"{bs}x{ga}", per_device_train_batch_size=bs,
                                              gradient_accumulation_steps=ga, optim="sgd"),
                      train_dataset=data, data_collator=_WithOffsets()).train()
         states.append(_state(model))
-    if cfg.num_registers is None:
+    if getattr(cfg, "num_registers", None) is None:
         _assert_same(*states, atol=2e-6)
     else:  # which 2 registers are picked depends on the batching; only the counts are batching-free
         assert all(torch.isfinite(v).all() for v in states[1].values())
@@ -121,7 +124,7 @@ def _final_weights(run_dir: Path) -> dict:
     return {**load_file(str(run_dir / "model.safetensors")), **load_file(str(run_dir / "mutor.safetensors"))}
 
 
-@pytest.mark.parametrize("method", ["mutor", "next_token"])
+@pytest.mark.parametrize("method", ["mutor", "next_token", "multi_token"])
 def test_resume_continues_exactly(tmp_path, method):
     """6 steps straight == a run killed after checkpoint-3 and resumed in a new trainer (same offsets too)."""
     import shutil
@@ -136,8 +139,9 @@ def test_resume_continues_exactly(tmp_path, method):
                      quiet=True, resume=True)
     assert out["runs"][0]["resumed_from"].endswith("checkpoint-3") and out["runs"][0]["global_step"] == 6
     _assert_same(load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors")))
-    if method == "mutor":
-        _assert_same(load_file(str(a / "mutor.safetensors")), load_file(str(b / "mutor.safetensors")))
+    sidecar = {"mutor": "mutor.safetensors", "multi_token": "multi_token.safetensors"}.get(method)
+    if sidecar:
+        _assert_same(load_file(str(a / sidecar)), load_file(str(b / sidecar)))
     # and a finished run is skipped on --resume
     again = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
                        quiet=True, resume=True)

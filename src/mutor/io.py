@@ -2,13 +2,16 @@
 
 Everything mutor writes for users (results, summaries, plots, JSONL) goes through
 :func:`atomic_write`: the content is written to a temporary sibling, then renamed into
-place, so an interrupted run never leaves a half-written file behind.
+place, so an interrupted run never leaves a half-written file behind. Checkpoint
+directories are built whole beside their destination and swapped in
+(:func:`replace_directory`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Union
@@ -44,3 +47,25 @@ def write_json_atomic(path: PathLike, obj: Any) -> None:
 
 def write_jsonl_atomic(path: PathLike, rows: Iterable[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def replace_directory(dest: PathLike, fill: Callable[[Path], None]) -> None:
+    """Build a directory with ``fill(tmp_dir)`` in a temporary sibling, then swap it in for ``dest``.
+
+    A crash while filling leaves ``dest`` as it was (and no temporary directory behind).
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        fill(tmp)
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / "ckpt")
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

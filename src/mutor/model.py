@@ -22,8 +22,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -34,6 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from .config import SIDECAR_CONFIG, MuToRConfig
+from .io import replace_directory
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
 
@@ -236,26 +235,15 @@ class MuToRModel(nn.Module):
         """
         from safetensors.torch import save_file
 
-        dest = Path(save_directory)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        try:
+        def fill(tmp: Path) -> None:
             self.base_model.save_pretrained(tmp, **kwargs)
             tensors = {"register_embeddings.weight": self.register_embeddings.weight.detach().cpu().contiguous()}
             if self._generator is not None:
                 tensors["generator_state"] = self._generator.get_state()
             save_file(tensors, str(tmp / SIDECAR_WEIGHTS), metadata={"format": "pt", "library": "mutor"})
             (tmp / SIDECAR_CONFIG).write_text(self.mutor_config.to_json_string())
-            if dest.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-                os.replace(dest, old / "ckpt")
-                os.replace(tmp, dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+        replace_directory(save_directory, fill)
 
     def load_sidecar(self, path: Union[str, os.PathLike]) -> None:
         """Load register embeddings (and the offset generator's state) from a checkpoint directory.

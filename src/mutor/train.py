@@ -98,9 +98,10 @@ def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: Ta
     if method == "multi_token":
         from .multi_token import MultiTokenConfig, MultiTokenModel
 
-        if recipe.prefix_attention != "causal":
-            raise ValueError("method multi_token supports prefix_attention: causal only")
-        return MultiTokenModel(base, MultiTokenConfig(**recipe.multi_token))
+        if "prefix_attention" in recipe.multi_token:
+            raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
+        return MultiTokenModel(base, MultiTokenConfig.from_dict({**recipe.multi_token,
+                                                                 "prefix_attention": recipe.prefix_attention}))
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -45,14 +45,9 @@ __all__ = ["MuToRTrainer", "aux_wrapper_types", "count_aux_targets"]
 
 def aux_wrapper_types() -> tuple[type, ...]:
     """The wrapper classes whose objective has auxiliary targets."""
-    types: list[type] = [MuToRModel]
-    try:
-        from .multi_token import MultiTokenModel
+    from .multi_token import MultiTokenModel
 
-        types.append(MultiTokenModel)
-    except ImportError:  # pragma: no cover - until the baseline module exists
-        pass
-    return tuple(types)
+    return (MuToRModel, MultiTokenModel)
 
 
 def _labels_of(batch: dict) -> torch.Tensor:
@@ -80,7 +75,7 @@ def count_aux_targets(wrapper: torch.nn.Module, batch: dict) -> int:
             batch["offset_index"] = sample_offsets(cfg, labels.shape[0], wrapper._generator)
         layout = build_layout(labels, cfg, am, pos, batch["offset_index"], generator=torch.Generator())
         return layout.num_registers
-    d_max = int(wrapper.config_mt.d_max if hasattr(wrapper, "config_mt") else wrapper.multi_token_config.d_max)
+    d_max = int(wrapper.multi_token_config.d_max)
     total = 0
     for k in range(2, d_max + 1):
         total += build_layout(labels, MuToRConfig(d_max=k, min_offset=k), am, pos).num_registers
@@ -210,8 +205,7 @@ class MuToRTrainer(Trainer):
         w = self.aux_wrapper()
         if isinstance(w, MuToRModel):
             return w.mutor_config.offset_names()
-        d_max = int(getattr(getattr(w, "config_mt", None) or getattr(w, "multi_token_config", None), "d_max", 1))
-        return [f"d={k}" for k in range(2, d_max + 1)]
+        return [f"d={k}" for k in range(2, int(w.multi_token_config.d_max) + 1)]
 
     def log(self, logs: dict, start_time: Optional[float] = None) -> None:
         s = self._sums
