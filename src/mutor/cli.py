@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 
 # command -> module with add_parser(sub) and run(args)
 COMMANDS = {
-    "demo": "mutor.demo_cli",
     "train": "mutor.train_cli",
 }
 

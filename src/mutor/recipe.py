@@ -85,6 +85,9 @@ class Recipe:
         default="mutor", metadata={"help": "next_token | mutor | multi_token, or a list of them: the same run "
                                            "once per method (same init, same data order) and a comparison."})
     seed: int = field(default=0, metadata={"help": "Seed of the initialisation, the data order and the offsets."})
+    threads: Optional[int] = field(
+        default=None, metadata={"help": "torch CPU threads for the run (None: torch's default). Tiny models on a "
+                                        "shared CPU often run faster with 1."})
     name: Optional[str] = field(default=None, metadata={"help": "Run name (default: the recipe file's name)."})
     prefix_attention: str = field(
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
@@ -114,6 +117,8 @@ class Recipe:
                 raise ValueError(f"recipe method {m!r} is not one of {list(METHODS)}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"recipe method lists {self.methods} with repeats")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"recipe threads must be a positive integer or null (got {self.threads!r})")
         if self.prefix_attention not in ("causal", "bidirectional"):
             raise ValueError(f"recipe prefix_attention must be causal or bidirectional (got {self.prefix_attention!r})")
         if not isinstance(self.data, dict) or "task" not in self.data:

@@ -222,6 +222,16 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
+    previous_threads = torch.get_num_threads()
+    if recipe.threads is not None:
+        torch.set_num_threads(recipe.threads)
+    try:
+        return _run(recipe, resume, quiet, say)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(recipe: Recipe, resume: bool, quiet: bool, say) -> dict:
     root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
     methods = recipe.methods
     runs = []
@@ -249,11 +259,38 @@ def _final_eval(run: dict) -> dict:
     return {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k != "eval_step"} if hist else {}
 
 
+def verdict(runs: list[dict]) -> str:
+    """One sentence per method against next_token on the primary metric, claiming a difference only beyond
+    two standard errors of a difference of two rates measured on ``num_eval`` held-out examples."""
+    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
+    ref = next((r for r in runs if r["method"] == "next_token"), None)
+    if primary is None or ref is None:
+        return ""
+    out = []
+    for run in runs:
+        if run is ref:
+            continue
+        a, b = _final_eval(run), _final_eval(ref)
+        if primary not in a or primary not in b or not a.get("num_eval"):
+            continue
+        n = int(a["num_eval"])
+        noise = 2 * math.sqrt(2) * math.sqrt(0.25 / n)        # worst-case s.e. of a rate is sqrt(0.25/n)
+        diff = a[primary] - b[primary]
+        if abs(diff) < noise:
+            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f}, within noise (2 s.e. of a "
+                       f"difference ~{noise:.3f} on {n} held-out examples); no difference measured.")
+        else:
+            who = run["method"] if diff > 0 else "next_token"
+            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f} on {n} held-out examples, beyond "
+                       f"2 s.e. ({noise:.3f}): {who} is higher in this run (seed {run.get('seed')}).")
+    return "\n".join(out)
+
+
 def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     metrics: list[str] = []
     for run in runs:
         for k in _final_eval(run):
-            if k not in metrics:
+            if k not in metrics and k != "num_eval":
                 metrics.append(k)
     primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
     if primary in metrics:
@@ -274,7 +311,9 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
 def comparison_markdown(runs: list[dict]) -> str:
     header, rows = comparison_rows(runs)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    text = "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    v = verdict(runs)
+    return text + (f"\n{v}\n" if v else "")
 
 
 def print_comparison(runs: list[dict]) -> None:
@@ -287,7 +326,10 @@ def print_comparison(runs: list[dict]) -> None:
         table.add_column(c, justify="left" if c == "method" else "right")
     for r in rows:
         table.add_row(*r)
-    Console(width=max(100, 14 * len(header))).print(table)
+    console = Console(width=max(100, 14 * len(header)))
+    console.print(table)
+    if verdict(runs):
+        console.print(verdict(runs))
 
 
 def write_comparison(root: Path, recipe: Recipe, runs: list[dict]) -> None:
@@ -318,7 +360,8 @@ def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
         ax.set_title(f"held-out {key}" if kind == "eval" else "training next-token loss", fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

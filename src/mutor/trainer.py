@@ -88,22 +88,24 @@ class _TaskEvalCallback(TrainerCallback):
     def __init__(self, trainer: "MuToRTrainer"):
         self.trainer = trainer
 
-    def _run(self, state) -> None:
+    def _run(self, state, control) -> None:
         t = self.trainer
         done = {h["eval_step"] for h in state.log_history if "eval_step" in h}
         if state.global_step in done:
             return
         metrics = t.run_task_evaluator(state.global_step)
         if metrics:
+            due = control.should_log            # Trainer.log() clears it; the step's training log must still happen
             t.log({"eval_step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}})
+            control.should_log = due
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._run(state)
+        self._run(state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
         every = args.eval_steps if args.eval_steps else None
         if (every and state.global_step % int(every) == 0) or state.global_step >= state.max_steps:
-            self._run(state)
+            self._run(state, control)
 
 
 class MuToRTrainer(Trainer):

@@ -38,6 +38,8 @@ PRESETS = {
     "tiny-gemma2": ("gemma2", 64, 2, 4, 2, 128),
     "tiny-mistral": ("mistral", 64, 2, 4, 2, 128),
     "small-llama": ("llama", 256, 4, 4, 4, 1024),
+    "star-llama": ("llama", 128, 4, 4, 4, 512),       # the star-graph default: ~0.8M parameters
+    "star-llama-wide": ("llama", 384, 6, 6, 6, 1536),  # the GPU-sized star-graph model
 }
 
 

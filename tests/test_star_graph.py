@@ -1,4 +1,4 @@
-"""The `mutor demo` job: the star-graph task generator, the collators, and a --tiny end-to-end run."""
+"""The star-graph task: generator validity, split, tokens, batched decoding, and the default `mutor train` job."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import random
 import pytest
 import torch
 
-from mutor import demo
 from mutor.cli import build_parser, main
+from mutor.collator import PaddingCollator
+from mutor.data import star_graph as demo
+from mutor.testing import tiny_causal_lm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TASKS = [demo.StarGraphTask(), demo.StarGraphTask(degree=3, path_len=4, num_nodes=20),
@@ -109,7 +111,7 @@ def test_is_valid_path_rejects_wrong_paths():
 
 def test_collators_pad_on_the_right_side():
     feats = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
-    b = demo.collate_right(feats)
+    b = PaddingCollator(pad_token_id=demo.PAD)(feats)
     assert b["input_ids"].tolist() == [[5, 6, 7], [8, demo.PAD, demo.PAD]]
     assert b["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
     assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -123,7 +125,7 @@ def test_batched_left_padded_greedy_matches_one_by_one():
     examples = (demo.make_examples(demo.StarGraphTask(degree=2, path_len=4, num_nodes=20), 3, seed=0)
                 + demo.make_examples(demo.StarGraphTask(degree=3, path_len=4, num_nodes=20), 3, seed=0))
     task = demo.StarGraphTask(degree=3, path_len=4, num_nodes=20)
-    base = demo.build_base_model(task, demo.ModelSize(32, 2, 2, 64), seed=0, max_positions=64)
+    base = tiny_causal_lm(task.vocab_size, seed=0, max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
     ids, mask = demo.pad_left([ex.prompt_ids() for ex in examples])
     with torch.no_grad():
         batched = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
@@ -135,14 +137,26 @@ def test_batched_left_padded_greedy_matches_one_by_one():
             assert batched[i].tolist() == single[0].tolist()
 
 
-# ------------------------------------------------------------------------ cli
+# ------------------------------------------------------------------- the default job
 
 
-def test_parser_defaults():
-    args = build_parser().parse_args(["demo"])
-    assert args.output_dir == "runs/demo" and not args.tiny and args.steps is None and args.seed == 0
+def test_default_recipe_is_the_star_graph_comparison():
+    args = build_parser().parse_args(["train"])
+    assert args.recipe == "star-graph" and args.overrides == []
+    from mutor.recipe import load_recipe
+
+    r = load_recipe("star-graph")
+    assert r.methods == ["next_token", "mutor"] and r.data["task"] == "star_graph"
+    assert r.mutor_config().min_offset == 2
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
+
+
+def test_unknown_option_is_named():
+    from mutor.data import build_task
+
+    with pytest.raises(ValueError, match="colour"):
+        build_task("star_graph", {"colour": 1}, None)
 
 
 def _finite_numbers(obj):
@@ -158,31 +172,31 @@ def _finite_numbers(obj):
             _finite_numbers(v)
 
 
-def test_tiny_demo_end_to_end(tmp_path, capsys):
-    assert main(["demo", "--tiny", "--output-dir", tmp_path]) == 0
+def test_tiny_default_job_end_to_end(tmp_path, capsys):
+    """`mutor train` (the default recipe) at smoke size: table, verdict, comparison files, curves."""
+    assert main(["train", "training.max_steps=6", "training.eval_steps=3", "training.save_steps=6",
+                 "training.logging_steps=3", "data.num_train=200", "data.num_test=16", "data.path_len=4",
+                 "data.num_nodes=20", "model.preset=tiny-llama", "training.disable_tqdm=true",
+                 "--output-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "next-token" in printed and "mutor" in printed and "exact match" in printed
-    results = json.loads((tmp_path / "results.json").read_text())
+    assert "next_token" in printed and "mutor" in printed and "solve_rate" in printed and "within noise" in printed
+    results = json.loads((tmp_path / "comparison.json").read_text())
     runs = {r["method"]: r for r in results["runs"]}
-    assert set(runs) == {"next-token", "mutor"}
-    steps = results["settings"]["steps"]
+    assert set(runs) == {"next_token", "mutor"}
     for run in runs.values():
-        assert run["steps"] == steps
-        final = run["final"]
-        for k in ("exact_match", "first_hop", "valid_path", "ntp_loss", "a1_loss"):
-            assert math.isfinite(final[k])
-        for k in ("exact_match", "first_hop", "valid_path"):
+        assert run["global_step"] == 6
+        assert [h["eval_step"] for h in run["eval_history"]] == [0, 3, 6]
+        final = run["eval_history"][-1]
+        for k in ("eval_solve_rate", "eval_first_hop", "eval_valid_path"):
             assert 0.0 <= final[k] <= 1.0
-        assert final["ntp_loss"] > 0
-        assert [r["step"] for r in run["history"]][0] == 0 and run["history"][-1]["step"] == steps
-        assert run["wall_seconds"] > 0
+        assert final["eval_ntp_loss"] > 0
         _finite_numbers(run)
     # same initialisation and held-out set: the step-0 evaluations agree exactly
-    assert runs["next-token"]["history"][0] == runs["mutor"]["history"][0]
-    assert "train_reg_loss" in runs["mutor"]["history"][-1]
-    png = tmp_path / "accuracy.png"
+    strip = lambda h: {k: v for k, v in h.items() if k not in ("epoch",)}  # noqa: E731
+    assert strip(runs["next_token"]["eval_history"][0]) == strip(runs["mutor"]["eval_history"][0])
+    assert "reg_loss" in runs["mutor"]["train_history"][-1]
+    png = tmp_path / "curves.png"
     assert png.is_file() and png.read_bytes()[:8] == PNG_MAGIC
-    md = (tmp_path / "results.md").read_text()
-    assert "| next-token |" in md and "| mutor |" in md
-    # atomic writes leave no temporaries behind, and the trainer's scratch directory is gone
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png", "results.json", "results.md"]
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| next_token |" in md and "| mutor |" in md and "solve_rate" in md
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]      # no temporaries left behind

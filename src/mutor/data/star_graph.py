@@ -1,0 +1,258 @@
+"""The path-star graph task (Bachmann & Nagarajan 2024; the MuToR paper's section 4.3), as a ``mutor train`` task.
+
+A source node has ``degree`` arms of ``path_len - 1`` nodes each; the prompt lists the edges in
+random order, then the source and the goal (the last node of one arm); the answer is the path
+from source to goal, as in the reference code (gregorbachmann/Next-Token-Failures)::
+
+    12,40|7,31|40,3|31,9|...|9,22/12,22=12,7,31,9,22
+
+Each node is one token (the commas are rendered for reading only; the token stream is
+``u v | u v | ... / s g = s a1 ... g``); the loss is on the whole answer. Under teacher forcing
+every answer token after ``a1`` can be read off the edge list by following the previous node's
+unique out-edge (the "Clever Hans" shortcut), so next-token training gets almost no signal for
+the one hard decision, ``a1``, and typically plateaus at 1/degree solve rate. MuToR's registers
+with ``d >= 2`` (``min_offset: 2``, the paper's recipe) ask for tokens the shortcut cannot give.
+
+The test graphs are drawn first, from their own seed, and no training graph shares a problem
+(edge set, source, goal) with them. Everything is generated in process; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..collator import PaddingCollator
+from ..layout import IGNORE_INDEX
+from .registry import TaskData, register_task
+
+PAD, EDGE_SEP, QUERY_SEP, ANSWER_SEP = 0, 1, 2, 3
+NUM_SPECIAL = 4
+_SPECIAL_TEXT = {PAD: "<pad>", EDGE_SEP: "|", QUERY_SEP: "/", ANSWER_SEP: "="}
+
+
+@dataclass(frozen=True)
+class StarGraphTask:
+    """Path-star graphs: ``degree`` arms of ``path_len - 1`` nodes from one source.
+
+    ``path_len`` is the number of nodes on the answer path, source and goal included.
+    Node labels are drawn without replacement from ``num_nodes`` labels per example.
+    """
+
+    degree: int = 2
+    path_len: int = 5
+    num_nodes: int = 50
+
+    def __post_init__(self) -> None:
+        if self.degree < 2:
+            raise ValueError(f"degree must be >= 2 (got {self.degree})")
+        if self.path_len < 3:
+            raise ValueError(f"path_len must be >= 3 (got {self.path_len})")
+        if self.num_nodes < self.nodes_per_graph:
+            raise ValueError(f"num_nodes={self.num_nodes} < {self.nodes_per_graph} nodes per graph "
+                             f"(degree * (path_len - 1) + 1)")
+
+    @property
+    def nodes_per_graph(self) -> int:
+        return self.degree * (self.path_len - 1) + 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.degree * (self.path_len - 1)
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_SPECIAL + self.num_nodes
+
+    @property
+    def prompt_len(self) -> int:
+        return 3 * self.num_edges - 1 + 1 + 3        # edges joined by '|', then '/', s, g, '='
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.path_len
+
+
+@dataclass(frozen=True)
+class Example:
+    """One graph. Node ids are labels in ``[0, num_nodes)``; tokens are ``NUM_SPECIAL + id``."""
+
+    edges: tuple[tuple[int, int], ...]   # in prompt order
+    source: int
+    goal: int
+    path: tuple[int, ...]                # source, a1, ..., goal
+
+    @property
+    def key(self) -> tuple:
+        """Identity of the problem regardless of the order the edges are listed in."""
+        return (tuple(sorted(self.edges)), self.source, self.goal)
+
+    def prompt_ids(self) -> list[int]:
+        ids: list[int] = []
+        for i, (u, v) in enumerate(self.edges):
+            if i:
+                ids.append(EDGE_SEP)
+            ids += [NUM_SPECIAL + u, NUM_SPECIAL + v]
+        return ids + [QUERY_SEP, NUM_SPECIAL + self.source, NUM_SPECIAL + self.goal, ANSWER_SEP]
+
+    def answer_ids(self) -> list[int]:
+        return [NUM_SPECIAL + n for n in self.path]
+
+    def text(self) -> str:
+        edges = "|".join(f"{u},{v}" for u, v in self.edges)
+        return f"{edges}/{self.source},{self.goal}=" + ",".join(str(n) for n in self.path)
+
+
+def sample_example(task: StarGraphTask, rng: random.Random) -> Example:
+    nodes = rng.sample(range(task.num_nodes), task.nodes_per_graph)
+    source, rest = nodes[0], nodes[1:]
+    arms = [rest[i * (task.path_len - 1):(i + 1) * (task.path_len - 1)] for i in range(task.degree)]
+    edges = []
+    for arm in arms:
+        chain = [source] + arm
+        edges += list(zip(chain[:-1], chain[1:]))
+    rng.shuffle(edges)
+    arm = arms[rng.randrange(task.degree)]
+    return Example(edges=tuple(edges), source=source, goal=arm[-1], path=(source, *arm))
+
+
+def make_examples(task: StarGraphTask, n: int, seed: int, exclude: Optional[set] = None) -> list[Example]:
+    """``n`` distinct examples, deterministic in ``seed``; none whose :attr:`Example.key` is in ``exclude``."""
+    rng = random.Random(seed)
+    seen = set(exclude or ())
+    out: list[Example] = []
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 20 * n + 1000:
+            raise RuntimeError(f"could not draw {n} distinct star graphs of {task}; increase num_nodes")
+        ex = sample_example(task, rng)
+        if ex.key in seen:
+            continue
+        seen.add(ex.key)
+        out.append(ex)
+    return out
+
+
+def split_examples(task: StarGraphTask, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
+    """A held-out test set, then a training set that shares no problem with it (separate seeds)."""
+    test = make_examples(task, num_test, seed=2 * seed + 1)
+    train = make_examples(task, num_train, seed=2 * seed, exclude={ex.key for ex in test})
+    return train, test
+
+
+def is_valid_path(ex: Example, path: Sequence[int]) -> bool:
+    """True when ``path`` starts at the source and follows listed edges all the way (any arm)."""
+    if len(path) != len(ex.path) or path[0] != ex.source:
+        return False
+    edges = set(ex.edges)
+    return all((u, v) in edges for u, v in zip(path[:-1], path[1:]))
+
+
+# ------------------------------------------------------------------------ data
+
+
+class StarGraphDataset(torch.utils.data.Dataset):
+    """Features for causal-LM training: the loss is on the answer tokens only."""
+
+    def __init__(self, examples: Sequence[Example]):
+        self.examples = list(examples)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        ex = self.examples[i]
+        prompt, answer = ex.prompt_ids(), ex.answer_ids()
+        return {"input_ids": prompt + answer, "labels": [IGNORE_INDEX] * len(prompt) + answer}
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_id: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts for batched generation: (ids, attention_mask)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, T - len(s):] = torch.tensor(list(s))
+        mask[b, T - len(s):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
+    """Greedy decoding of the answer (batched, left-padded prompts) and held-out NTP loss.
+
+    ``solve_rate``: the whole decoded path equals the answer (exact match). ``first_hop``: the decoded
+    ``a1`` (the token after the source, the only one that needs planning) is right.
+    ``valid_path``: the decoded path starts at the source and follows listed edges (right arm
+    or not; a model that ends every path with the goal can only be valid on the right arm).
+    ``ntp_loss``: mean teacher-forced cross-entropy on answer tokens; ``a1_loss``: the same at
+    ``a1`` only (ln(degree) for a model that knows the source's neighbours but not the way).
+    """
+    was_training = base.training
+    base.eval()
+    exact = hop = valid = 0
+    loss_sum = a1_sum = 0.0
+    n_tok = 0
+    try:
+        for i in range(0, len(examples), batch_size):
+            chunk = examples[i:i + batch_size]
+            L = len(chunk[0].path)
+            ids, mask = pad_left([ex.prompt_ids() for ex in chunk])
+            out = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=L, min_new_tokens=L,
+                                do_sample=False, pad_token_id=PAD, eos_token_id=None)
+            gen = (out[:, ids.shape[1]:] - NUM_SPECIAL).tolist()
+            for ex, g in zip(chunk, gen):
+                exact += int(tuple(g) == ex.path)
+                hop += int(len(g) > 1 and g[1] == ex.path[1])
+                valid += int(is_valid_path(ex, g))
+
+            ds = StarGraphDataset(chunk)
+            batch = PaddingCollator(pad_token_id=PAD)([ds[j] for j in range(len(ds))])
+            logits = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            targets = batch["labels"][:, 1:]
+            ce = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().transpose(1, 2), targets, reduction="none", ignore_index=IGNORE_INDEX)
+            keep = targets != IGNORE_INDEX
+            loss_sum += float(ce[keep].sum())
+            n_tok += int(keep.sum())
+            # a1 is the second answer token: one past the first supervised label of each row
+            first = keep.float().argmax(1)
+            a1_sum += float(ce[torch.arange(len(chunk)), first + 1].sum())
+    finally:
+        base.train(was_training)
+    n = len(examples)
+    return {"solve_rate": exact / n, "first_hop": hop / n, "valid_path": valid / n,
+            "ntp_loss": loss_sum / max(n_tok, 1), "a1_loss": a1_sum / n, "num_eval": n}
+
+
+
+_OPTIONS = {"degree", "path_len", "num_nodes", "num_train", "num_test", "eval_batch_size", "data_seed"}
+
+
+@register_task("star_graph")
+def build_star_graph(options: dict, tokenizer, seed: int) -> TaskData:
+    """Options: ``degree``, ``path_len``, ``num_nodes`` (the graph family), ``num_train`` (distinct training
+    graphs), ``num_test`` (held-out graphs), ``eval_batch_size``, ``data_seed`` (default: the run's seed)."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ValueError(f"star_graph: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
+    task = StarGraphTask(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
+                         num_nodes=int(options.get("num_nodes", 50)))
+    num_train, num_test = int(options.get("num_train", 20_000)), int(options.get("num_test", 500))
+    if num_train < 1 or num_test < 1:
+        raise ValueError(f"star_graph: num_train and num_test must be >= 1 (got {num_train}, {num_test})")
+    train, test = split_examples(task, num_train, num_test, int(options.get("data_seed", seed)))
+    batch_size = int(options.get("eval_batch_size", 256))
+
+    def evaluator(model, step: int) -> dict:
+        return evaluate(model, test, batch_size=batch_size)
+
+    return TaskData(train_dataset=StarGraphDataset(train), vocab_size=task.vocab_size, pad_token_id=PAD,
+                    eos_token_id=None, bos_token_id=None, max_length=task.seq_len, evaluator=evaluator,
+                    primary_metric="solve_rate",
+                    info={"task": f"G({task.degree},{task.path_len}) over {task.num_nodes} nodes",
+                          "num_train": len(train), "num_test": len(test), "example": test[0].text()})
