@@ -18,8 +18,12 @@ def test_loss_weight_zero_is_the_plain_loss(family):
     batch = padded_batch()
     out = MuToRModel(base, MuToRConfig(loss_weight=0.0, seed=0))(**batch)
     ref = base(**batch, use_cache=False)
-    assert out.num_registers > 0
+    assert out.num_registers == 0          # a=0 places no register: they would cost compute and teach nothing
     torch.testing.assert_close(out.loss, ref.loss, atol=1e-6, rtol=1e-6)
+    # with registers present (a>0), the next-token part is still exactly the plain loss
+    with_regs = MuToRModel(base, MuToRConfig(loss_weight=0.5, seed=0))(**batch)
+    assert with_regs.num_registers > 0
+    torch.testing.assert_close(with_regs.ntp_loss, ref.loss, atol=1e-6, rtol=1e-6)
 
 
 def test_loss_is_the_weighted_sum():

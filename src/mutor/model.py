@@ -7,7 +7,9 @@ Nothing of the base model is forked or patched. One forward pass:
    sqrt(hidden) scaling and LoRA on embeddings apply), register vectors from
    ``register_embeddings``; both are concatenated into ``inputs_embeds``;
 3. ``masks.build_attention_mask`` turns the layout into the mask the model's
-   attention backend needs, and explicit ``position_ids`` carry the offsets;
+   attention backend needs, and explicit ``position_ids`` carry the offsets; under
+   ``sdpa`` the register rows are computed apart from the regular ones
+   (:mod:`mutor.attention`), so the unused register-register block costs nothing;
 4. the base model runs with a boolean ``logits_to_keep`` so the vocabulary
    projection (and any model-specific logit processing, e.g. Gemma 2
    soft-capping) is done only at rows that carry a loss.
@@ -19,6 +21,7 @@ model exactly as transformers/peft would, plus a sidecar (``mutor.safetensors``,
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
+from .attention import split_attention_for
 from .config import SIDECAR_CONFIG, MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout
@@ -69,8 +73,12 @@ def _accepts(fn, name: str) -> bool:
 class MuToRModel(nn.Module):
     """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
 
-    def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None):
+    def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None, attention: str = "auto"):
         super().__init__()
+        if attention not in ("auto", "dense"):
+            raise ValueError(f"MuToRModel attention must be 'auto' (split register rows under sdpa) or 'dense' "
+                             f"(one (T+R)x(T+R) mask), got {attention!r}")
+        self.attention = attention
         self.mutor_config = config if config is not None else MuToRConfig()
         inner = _inner_model(base)
         name = type(inner).__name__
@@ -192,8 +200,16 @@ class MuToRModel(nn.Module):
         is_reg = torch.cat([torch.zeros_like(layout.ntp_labels, dtype=torch.bool), layout.reg_valid], 1)[keep]
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        out = self.base_model(inputs_embeds=inputs_embeds, attention_mask=mask,
-                              position_ids=layout.position_ids, use_cache=False, **kwargs)
+        inner = _inner_model(self.base_model)
+        # gradient checkpointing recomputes layers outside this forward, where the split is off: keep it dense
+        checkpointing = self.training and any(getattr(m, "gradient_checkpointing", False) for m in inner.modules())
+        split = (self.attention == "auto" and self.attn_implementation == "sdpa" and layout.num_slots > 0
+                 and not checkpointing)
+        ctx = split_attention_for(inner, layout.num_regular, mask) if split \
+            else contextlib.nullcontext()
+        with ctx:
+            out = self.base_model(inputs_embeds=inputs_embeds, attention_mask=mask,
+                                  position_ids=layout.position_ids, use_cache=False, **kwargs)
         logits = out.logits if self._logits_to_keep else out.logits[keep]                 # (N, V)
         targets = targets[keep]                                                            # (N,)
 
