@@ -196,9 +196,9 @@ def _run_case(spec: dict) -> dict:
         def forward():
             out = base(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False)
             return out.loss, 0
-    elif spec["case"] == "mutor":
+    elif spec["case"] in ("mutor", "mutor_dense"):
         mcfg = mutor.MuToRConfig(d_max=spec["d_max"], loss_weight=spec["loss_weight"], seed=spec["seed"])
-        model = mutor.MuToRModel(base, mcfg)
+        model = mutor.MuToRModel(base, mcfg, attention="dense" if spec["case"] == "mutor_dense" else "auto")
 
         def forward():
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
@@ -299,15 +299,16 @@ def summarize(plain: dict, mut: dict) -> dict:
     }
 
 
-TABLE_HEADER = ("| answer length | regular tokens | registers | token ratio | plain ms | MuToR ms | time ratio "
-                "| time ratio / token ratio | plain peak MB | MuToR peak MB | memory ratio |")
+TABLE_HEADER = ("| answer length | MuToR attention | regular tokens | registers | token ratio | plain ms | MuToR ms "
+                "| time ratio | time ratio / token ratio | plain peak MB | MuToR peak MB | memory ratio |")
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = [TABLE_HEADER, "|" + "---:|" * 11]
+    lines = [TABLE_HEADER, "|" + "---:|" * 12]
     for r in rows:
         lines.append(
-            f"| {r['answer_length']} | {r['regular_tokens']} | {r['registers']} | {r['token_ratio']:.3f} "
+            f"| {r['answer_length']} | {r.get('attention', 'split')} | {r['regular_tokens']} | {r['registers']} "
+            f"| {r['token_ratio']:.3f} "
             f"| {r['plain_ms']:.1f} | {r['mutor_ms']:.1f} | {r['time_ratio']:.3f} "
             f"| {r['time_over_token_ratio']:.3f}{'' if r['time_target_met'] else ' ✗'} "
             f"| {r['plain_peak_mb']:.1f} | {r['mutor_peak_mb']:.1f} "
@@ -318,12 +319,12 @@ def markdown_table(rows: list[dict]) -> str:
 def diagnostics_table(rows: list[dict]) -> str:
     """Process CPU time (user+sys; less sensitive to other jobs than wall time), its kernel part (mostly page
     faults on fresh allocations), minor faults per step and bytes saved for backward."""
-    lines = ["| answer length | token ratio | plain CPU ms | MuToR CPU ms | CPU-time ratio | CPU-time ratio / token ratio "
-             "| plain sys ms | MuToR sys ms | plain faults/step | MuToR faults/step "
+    lines = ["| answer length | MuToR attention | token ratio | plain CPU ms | MuToR CPU ms | CPU-time ratio "
+             "| CPU-time ratio / token ratio | plain sys ms | MuToR sys ms | plain faults/step | MuToR faults/step "
              "| plain saved MB | MuToR saved MB | saved ratio |",
-             "|" + "---:|" * 13]
+             "|" + "---:|" * 14]
     for r in rows:
-        lines.append(f"| {r['answer_length']} | {r['token_ratio']:.3f} | {r['plain_cpu_ms']:.1f} | {r['mutor_cpu_ms']:.1f} "
+        lines.append(f"| {r['answer_length']} | {r.get('attention', 'split')} | {r['token_ratio']:.3f} | {r['plain_cpu_ms']:.1f} | {r['mutor_cpu_ms']:.1f} "
                      f"| {r['cpu_time_ratio']:.3f} | {r['cpu_time_ratio'] / r['token_ratio']:.3f} "
                      f"| {r['plain_sys_ms']:.0f} | {r['mutor_sys_ms']:.0f} "
                      f"| {r['plain_faults_per_step']:.0f} | {r['mutor_faults_per_step']:.0f} "
@@ -366,6 +367,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default 32000)")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="attention implementation")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--attention", choices=["auto", "dense", "both"], default="auto",
+                   help="MuToRModel attention: auto (split register rows under sdpa), dense (one (T+R)^2 mask), "
+                        "or both, as two rows of the table")
     p.add_argument("--d-max", type=int, default=4, help="MuToRConfig.d_max")
     p.add_argument("--loss-weight", type=float, default=0.3, help="MuToRConfig.loss_weight")
     p.add_argument("--seed", type=int, default=0)
@@ -414,22 +418,25 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
           flush=True)
     rows = []
     for A in args.answer_lengths:
-        runs: dict[str, list[dict]] = {"plain": [], "mutor": []}
+        variants = {"auto": ["mutor"], "dense": ["mutor_dense"], "both": ["mutor", "mutor_dense"]}[args.attention]
+        cases = ["plain", *variants]
+        runs: dict[str, list[dict]] = {c: [] for c in cases}
         for rnd in range(args.rounds):
-            # alternate the order so that a change in machine load hits both cases alike
-            for case in ("plain", "mutor") if rnd % 2 == 0 else ("mutor", "plain"):
+            # alternate the order so that a change in machine load hits every case alike
+            for case in cases if rnd % 2 == 0 else cases[::-1]:
                 spec = dict(case=case, answer_length=A, prompt_length=args.prompt_length, batch_size=args.batch_size,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                             d_max=args.d_max, loss_weight=args.loss_weight, model=model)
                 r = run_case_subprocess(spec) if args.isolation == "subprocess" else run_case(spec)
                 runs[case].append(r)
-                print(f"#   A={A:<5d} {case:<5s} round {rnd}: median {r['median_ms']:8.1f} ms "
+                print(f"#   A={A:<5d} {case:<11s} round {rnd}: median {r['median_ms']:8.1f} ms "
                       f"(runs {', '.join(f'{t:.0f}' for t in r['times_ms'])})  cpu {r['cpu_median_ms']:.0f} ms"
                       f"  peak +{r['peak_mb']:.1f} MB ({r['peak_method']})  saved {r['saved_mb']:.1f} MB"
                       f"  faults/step {r['minor_faults_per_step']:.0f}"
                       f"  load {r['loadavg_after'][0] if r['loadavg_after'] else float('nan'):.2f}", flush=True)
         res = {case: merge_rounds(rs) for case, rs in runs.items()}
-        rows.append(summarize(res["plain"], res["mutor"]))
+        for v in variants:
+            rows.append({**summarize(res["plain"], res[v]), "attention": "dense" if v == "mutor_dense" else "split"})
     print()
     print(markdown_table(rows))
     print()

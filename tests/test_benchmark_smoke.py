@@ -30,14 +30,18 @@ def _table_rows(text: str) -> list[list[str]]:
 
 def test_tiny_in_process(capsys, tmp_path):
     out_json = tmp_path / "bench.json"
-    rows = step_time.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--json-out", str(out_json)])
+    rows = step_time.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--attention", "both",
+                           "--json-out", str(out_json)])
     text = capsys.readouterr().out
 
-    assert [r["answer_length"] for r in rows] == step_time.TINY_RUN["answer_lengths"]
+    lengths = [a for a in step_time.TINY_RUN["answer_lengths"] for _ in ("split", "dense")]
+    assert [r["answer_length"] for r in rows] == lengths
+    assert [r["attention"] for r in rows] == ["split", "dense"] * len(step_time.TINY_RUN["answer_lengths"])
     table = _table_rows(text)
-    assert [int(r[0]) for r in table] == step_time.TINY_RUN["answer_lengths"]
+    assert [int(r[0]) for r in table] == lengths
     for cells in table:
-        assert len(cells) == 11
+        assert len(cells) == 12
+        assert cells.pop(1) in ("split", "dense")
         values = [float(c.split()[0]) for c in cells]        # a trailing ✗ marks a missed target
         assert all(math.isfinite(v) and v > 0 for v in values[:8])    # counts, ratios and times
         # in-process, a later case can reuse heap freed by an earlier one, so its RSS growth may read 0
@@ -55,7 +59,7 @@ def test_tiny_in_process(capsys, tmp_path):
         assert math.isfinite(r["plain"]["loss"]) and math.isfinite(r["mutor"]["loss"])
 
     saved = json.loads(out_json.read_text())
-    assert [r["answer_length"] for r in saved["rows"]] == step_time.TINY_RUN["answer_lengths"]
+    assert [r["answer_length"] for r in saved["rows"]] == lengths
     assert saved["environment"]["torch"]
 
 
