@@ -14,13 +14,15 @@ from typing import Optional, Sequence
 # command -> module with add_parser(sub) and run(args)
 COMMANDS = {
     "train": "mutor.train_cli",
+    "eval": "mutor.eval_cli",
+    "compare": "mutor.eval_cli",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
+    for module in dict.fromkeys(COMMANDS.values()):      # one module may add several commands
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -1,0 +1,98 @@
+"""Batched greedy decoding with a KV cache, optionally with the bidirectional prompt attention of training.
+
+Prompts are left-padded so that every row's next token sits at the same column. With
+``prefix_attention="causal"`` this is ``model.generate`` (greedy, stop at eos). With
+``"bidirectional"`` the prompt is encoded once with the mask the model was trained with
+(prompt tokens attend to each other both ways; padding masked; position ids counting from each
+row's first real token) into a ``DynamicCache``, and decoding continues token by token from
+that cache with ordinary causal attention: a generated token sees the whole prompt and the
+tokens generated before it. Registers play no part at inference.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["left_pad", "greedy_generate", "prefix_mask"]
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if len(s):
+            ids[b, T - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[b, T - len(s):] = 1
+    return ids, mask
+
+
+def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, P, P) mask for encoding prompts bidirectionally: real tokens see every real token of their row.
+
+    Padding queries see only themselves (their outputs are never used; a fully masked row would
+    give NaN). Boolean for sdpa/flex, additive float for eager.
+    """
+    am = attention_mask.bool()                                                     # (B, P)
+    P = am.shape[1]
+    allowed = (am[:, None, :] & am[:, :, None]) | torch.eye(P, dtype=torch.bool, device=am.device)
+    allowed = allowed[:, None]                                                     # (B, 1, P, P)
+    if attn_implementation == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=am.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return allowed
+
+
+@torch.no_grad()
+def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[int], pad_id: int) -> torch.Tensor:
+    from transformers import DynamicCache
+
+    dev = ids.device
+    cfg = model.config
+    attn = getattr(cfg, "_attn_implementation", None) or "eager"
+    dtype = model.get_input_embeddings().weight.dtype
+    pos = (am.cumsum(1) - 1).clamp(min=0)                                          # (B, P)
+    cache = DynamicCache(config=cfg)
+    out = model(input_ids=ids, attention_mask=prefix_mask(am, attn, dtype), position_ids=pos,
+                past_key_values=cache, use_cache=True)
+    nxt = out.logits[:, -1].argmax(-1)                                             # (B,)
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+    mask2d, last = am, pos[:, -1]
+    gen = []
+    for step in range(max_new_tokens):
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        gen.append(nxt)
+        if eos_id is not None:
+            done |= nxt == eos_id
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        mask2d = torch.cat([mask2d, torch.ones_like(mask2d[:, :1])], 1)              # (B, P+step+1)
+        last = last + 1
+        out = model(input_ids=nxt[:, None], attention_mask=mask2d, position_ids=last[:, None],
+                    past_key_values=out.past_key_values, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1)
+    return torch.stack(gen, 1)                                                     # (B, n)
+
+
+@torch.no_grad()
+def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
+                    eos_id: Optional[int] = None, prefix_attention: str = "causal") -> list[list[int]]:
+    """Greedy completions (token ids, cut after eos) of one batch of tokenized prompts."""
+    if prefix_attention not in ("causal", "bidirectional"):
+        raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional' (got {prefix_attention!r})")
+    dev = next(model.parameters()).device
+    ids, am = left_pad(prompt_ids, pad_id)
+    ids, am = ids.to(dev), am.to(dev)
+    if prefix_attention == "causal":
+        out = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad_id, eos_token_id=eos_id, num_beams=1)
+        new = out[:, ids.shape[1]:]
+    else:
+        new = _decode_bidirectional(model, ids, am, max_new_tokens, eos_id, pad_id)
+    result = []
+    for row in new.tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        result.append(row)
+    return result

@@ -1,0 +1,205 @@
+"""``mutor eval``: generate on a benchmark split, score every answer, and pick checkpoints as the paper does.
+
+Tasks are table-driven (:data:`EVAL_TASKS`): a task pairs a prompt/completion template from
+:mod:`mutor.data.templates` (so prompts are exactly the training prompts) with a scorer. Add one
+with :func:`register_eval_task`.
+
+Checkpoint selection (``--checkpoints RUN_DIR``) follows the paper: where the task has a
+validation split (AQUA-RAT, SAMSum, DialogSum) every ``checkpoint-*`` is scored on validation,
+the best one (accuracy, or ROUGE-L) is then scored on test and reported; for GSM8K and MATH500,
+which have no validation split, every checkpoint is scored on test and the best test score is
+reported, which is the paper's protocol (an optimistic one, and the summary says so).
+
+Outputs, written atomically: ``generations.jsonl`` (prompt, generation, reference, extracted
+answer, verdict or ROUGE per example), ``summary.json`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..data.templates import TextTask, get_task, reference_answer, render_prompt
+from ..io import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from . import metrics
+
+__all__ = ["EvalTask", "EVAL_TASKS", "register_eval_task", "evaluate_model", "evaluate_checkpoints"]
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """How one benchmark is scored: ``score(generation, reference) -> dict`` of per-example numbers."""
+
+    text: TextTask
+    score: Callable[[str, str], dict]
+    extract: Callable[[str], Optional[str]]
+    primary: str                          # the summary metric that ranks checkpoints
+
+
+def _verdict(correct: Callable[[str, str], bool]) -> Callable[[str, str], dict]:
+    return lambda gen, ref: {"accuracy": 100.0 * float(correct(gen, ref))}
+
+
+EVAL_TASKS: dict[str, EvalTask] = {}
+
+
+def register_eval_task(name: str, task: EvalTask) -> None:
+    EVAL_TASKS[name] = task
+
+
+register_eval_task("gsm8k", EvalTask(get_task("gsm8k"), _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k,
+                                     "accuracy"))
+register_eval_task("math500", EvalTask(get_task("math500"), _verdict(metrics.math_correct), metrics.last_boxed,
+                                       "accuracy"))
+register_eval_task("aqua_rat", EvalTask(get_task("aqua_rat"), _verdict(metrics.aqua_correct), metrics.extract_choice,
+                                        "accuracy"))
+for _name in ("samsum", "dialogsum"):
+    register_eval_task(_name, EvalTask(get_task(_name), metrics.rouge_scores, lambda g: None, "rougeL"))
+
+
+def get_eval_task(name: str) -> EvalTask:
+    if name not in EVAL_TASKS:
+        raise ValueError(f"unknown eval task {name!r}; known: {sorted(EVAL_TASKS)}")
+    return EVAL_TASKS[name]
+
+
+# ----------------------------------------------------------------- loading
+def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: str = "auto"):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    kw = {} if dtype == "auto" else {"dtype": getattr(torch, dtype)}
+    if (p / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(str(p), **kw).merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(p), **kw)
+    tok = AutoTokenizer.from_pretrained(tokenizer or str(p))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model.eval(), tok
+
+
+def run_info(path: str) -> dict:
+    """``method``, ``seed``, ``prefix_attention`` of the run a model directory came from (recipe / sidecar)."""
+    import yaml
+
+    info: dict = {}
+    p = Path(path)
+    for d in (p, p.parent):
+        recipe = d / "recipe.yaml"
+        if recipe.is_file():
+            data = yaml.safe_load(recipe.read_text()) or {}
+            for k in ("method", "seed", "prefix_attention", "name"):
+                if k in data and k not in info:
+                    info[k] = data[k]
+    for sidecar in ("mutor_config.json", "multi_token_config.json"):
+        if (p / sidecar).is_file() and "prefix_attention" not in info:
+            info["prefix_attention"] = json.loads((p / sidecar).read_text()).get("prefix_attention", "causal")
+    return info
+
+
+def load_examples(task: EvalTask, split: str, data: Optional[str] = None, limit: Optional[int] = None) -> list[dict]:
+    from ..data.text import load_rows
+
+    hub_split = task.text.splits.get(split)
+    if data is None and hub_split is None:
+        raise ValueError(f"{task.text.name} has no {split!r} split on the Hub; give --data (a local file)")
+    rows = load_rows(data, task.text.hub_id, task.text.hub_config, hub_split)
+    if limit is not None:
+        rows = rows.select(range(min(int(limit), len(rows))))
+    return [dict(r) for r in rows]
+
+
+# -------------------------------------------------------------- evaluation
+def evaluate_model(task_name: str, model_path: str, split: str = "test", data: Optional[str] = None,
+                   limit: Optional[int] = None, batch_size: int = 8, output_dir: Optional[str] = None,
+                   prefix_attention: Optional[str] = None, max_new_tokens: Optional[int] = None,
+                   tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None) -> dict:
+    """Score one model on one split; returns the summary (also written to ``output_dir``)."""
+    from tqdm.auto import tqdm
+
+    from .generation import greedy_generate
+
+    task = get_eval_task(task_name)
+    model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer)
+    info = run_info(model_path)
+    mode = prefix_attention or info.get("prefix_attention", "causal")
+    examples = load_examples(task, split, data, limit)
+    prompts = [render_prompt(task.text, ex) for ex in examples]
+    refs = [reference_answer(task.text, ex) for ex in examples]
+    n_new = int(max_new_tokens or task.text.max_new_tokens)
+    rows = []
+    bar = tqdm(total=len(prompts), desc=f"{task_name}/{split}", disable=not progress)
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        ids = [tok(p, add_special_tokens=True)["input_ids"] for p in chunk]
+        gens = greedy_generate(model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id,
+                               prefix_attention=mode)
+        for prompt, ref, g in zip(chunk, refs[i:i + batch_size], gens):
+            text = tok.decode(g, skip_special_tokens=True)
+            rows.append({"prompt": prompt, "generation": text, "reference": ref, "extracted": task.extract(text),
+                         **task.score(text, ref)})
+        bar.update(len(chunk))
+    bar.close()
+    keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
+    summary = {"task": task_name, "split": split, "model": str(model_path), "n": len(rows),
+               "metrics": {k: statistics.fmean(r[k] for r in rows) for k in keys}, "primary": task.primary,
+               "prefix_attention": mode, "max_new_tokens": n_new, "data": data or task.text.hub_id,
+               **{k: info[k] for k in ("method", "seed") if k in info}}
+    if output_dir is not None:
+        out = Path(output_dir)
+        write_jsonl_atomic(out / "generations.jsonl", rows)
+        write_json_atomic(out / "summary.json", summary)
+        write_text_atomic(out / "summary.md", summary_markdown([summary]))
+    return summary
+
+
+def summary_markdown(summaries: list[dict]) -> str:
+    keys = sorted({k for s in summaries for k in s["metrics"]})
+    lines = ["| model | task | split | n | " + " | ".join(keys) + " |", "|" + "---|" * (4 + len(keys))]
+    for s in summaries:
+        vals = [f"{s['metrics'][k]:.2f}" if k in s["metrics"] else "-" for k in keys]
+        lines.append(f"| {s['model']} | {s['task']} | {s['split']} | {s['n']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def list_checkpoints(run_dir: str) -> list[Path]:
+    ck = [p for p in Path(run_dir).glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+", p.name)]
+    if not ck:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint-<step> directories")
+    return sorted(ck, key=lambda p: int(p.name.split("-")[1]))
+
+
+def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = None, val_data: Optional[str] = None,
+                         output_dir: Optional[str] = None, **kw) -> dict:
+    """Every checkpoint of a run, selected the paper's way; returns the selection summary."""
+    task = get_eval_task(task_name)
+    out = Path(output_dir or Path(run_dir) / "eval" / task_name)
+    cks = list_checkpoints(run_dir)
+    use_val = task.text.selection == "validation" and (task.text.has_split("validation") or val_data is not None)
+    select_split = "validation" if use_val else "test"
+    scores = []
+    for ck in cks:
+        s = evaluate_model(task_name, str(ck), split=select_split, data=val_data if use_val else data,
+                           output_dir=str(out / ck.name / select_split), **kw)
+        scores.append((s["metrics"][task.primary], ck, s))
+    best_score, best, best_summary = max(scores, key=lambda x: x[0])
+    test = best_summary if not use_val else evaluate_model(task_name, str(best), split="test", data=data,
+                                                           output_dir=str(out / best.name / "test"), **kw)
+    protocol = (f"best of {len(cks)} checkpoints by validation {task.primary}, reported on test" if use_val else
+                f"best test {task.primary} over {len(cks)} checkpoints (the paper's protocol for {task_name}, "
+                "which has no validation split; optimistic by construction)")
+    result = {**test, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
+              "selection": protocol, "selection_split": select_split,
+              "per_checkpoint": [{"checkpoint": c.name, task.primary: v} for v, c, _ in scores]}
+    result.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
+    write_json_atomic(out / "summary.json", result)
+    write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
+    return result

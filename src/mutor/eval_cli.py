@@ -1,0 +1,74 @@
+"""``mutor eval`` and ``mutor compare``: argument parsing only; the logic lives in :mod:`mutor.eval`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(sub) -> None:
+    from .eval.harness import EVAL_TASKS
+
+    p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
+                       description="Greedy decoding with the training prompt template, then the paper's metric. "
+                                   "With --checkpoints, every checkpoint-* of a run is scored and the best one is "
+                                   "picked on validation (AQUA-RAT, SAMSum, DialogSum) or test (GSM8K, MATH500).")
+    p.add_argument("--task", required=True, choices=sorted(EVAL_TASKS))
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
+    src.add_argument("--checkpoints", help="run directory with checkpoint-<step> subdirectories")
+    p.add_argument("--split", default="test", choices=["test", "validation"], help="with --model (default test)")
+    p.add_argument("--data", default=None, help="local JSONL/Parquet file instead of the Hub split")
+    p.add_argument("--val-data", default=None, help="with --checkpoints: local validation file")
+    p.add_argument("--limit", type=int, default=None, help="first N examples only (smoke runs)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's budget")
+    p.add_argument("--prefix-attention", choices=["causal", "bidirectional"], default=None,
+                   help="default: what the run was trained with (recipe.yaml / mutor_config.json), else causal")
+    p.add_argument("--tokenizer", default=None, help="default: the model directory's tokenizer")
+    p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(command="eval")
+
+    c = sub.add_parser("compare", help="paper-style table (method x task) from saved evaluation summaries",
+                       description="Reads summary.json files (or directories holding them); runs that differ only "
+                                   "in seed are averaged (mean ± sample std).")
+    c.add_argument("paths", nargs="+", help="summary.json files or directories")
+    c.add_argument("--output", default=None, help="also write the table to this Markdown file")
+    c.set_defaults(command="compare")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "compare":
+        from .eval.compare import collect_summaries, comparison_table
+        from .io import write_text_atomic
+
+        try:
+            table = comparison_table(collect_summaries(args.paths))
+        except FileNotFoundError as err:
+            raise SystemExit(f"mutor compare: {err}") from None
+        print(table)
+        if args.output:
+            write_text_atomic(args.output, table)
+        return 0
+    from pathlib import Path
+
+    from .eval.harness import evaluate_checkpoints, evaluate_model
+
+    common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
+                  max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet)
+    if args.limit is not None and args.limit < 1 or args.batch_size < 1:
+        raise SystemExit("mutor eval: --limit and --batch-size must be >= 1")
+    try:
+        if args.checkpoints:
+            result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
+                                          output_dir=args.output_dir, **common)
+        else:
+            out = args.output_dir or str(Path(args.model) / "eval" / f"{args.task}-{args.split}")
+            result = evaluate_model(args.task, args.model, split=args.split, data=args.data, output_dir=out,
+                                    **common)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"mutor eval: {err}") from None
+    if not args.quiet:
+        print(json.dumps({k: v for k, v in result.items() if k != "per_checkpoint"}, indent=2))
+    return 0
