@@ -16,6 +16,7 @@ COMMANDS = {
     "train": "mutor.train_cli",
     "eval": "mutor.eval_cli",
     "compare": "mutor.eval_cli",
+    "sample": "mutor.sample_cli",
 }
 
 

@@ -96,6 +96,9 @@ class Recipe:
     mutor: dict = field(default_factory=dict, metadata={"help": "MuToRConfig fields (method mutor)."})
     multi_token: dict = field(default_factory=dict, metadata={"help": "MultiTokenConfig fields (method "
                                                                       "multi_token)."})
+    variants: dict = field(default_factory=dict, metadata={"help": "Named methods with their own settings, usable in "
+                                                              "`method`: {mutor_2d: {method: mutor, mutor: {d_max_2d: 4}}}"
+                                                              " (keys: method, mutor, multi_token)."})
     lora: Optional[dict] = field(default=None, metadata={"help": "peft.LoraConfig fields; None: full fine-tuning."})
     data: dict = field(default_factory=dict, metadata={"help": "`task` (a registered task name) and its options; "
                                                                "`packing: true` packs examples into one row."})
@@ -112,9 +115,17 @@ class Recipe:
             if unknown:
                 raise ValueError(f"recipe model: unknown key(s) {unknown}; known: {sorted(known)}")
             self.model = ModelArgs(**self.model)
+        if not isinstance(self.variants, dict):
+            raise ValueError("recipe variants must be a mapping of name -> {method, mutor, multi_token}")
+        for name, v in self.variants.items():
+            if name in METHODS or not isinstance(v, dict) or v.get("method") not in METHODS \
+                    or set(v) - {"method", "mutor", "multi_token"}:
+                raise ValueError(f"recipe variant {name!r} must be a new name with `method` in {list(METHODS)} and "
+                                 f"optional `mutor`/`multi_token` settings (got {v!r})")
         for m in self.methods:
-            if m not in METHODS:
-                raise ValueError(f"recipe method {m!r} is not one of {list(METHODS)}")
+            if m not in METHODS and m not in self.variants:
+                raise ValueError(f"recipe method {m!r} is not one of {list(METHODS)} nor a variant "
+                                 f"({sorted(self.variants)})")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"recipe method lists {self.methods} with repeats")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -131,18 +142,31 @@ class Recipe:
         if "prefix_attention" in self.mutor and self.mutor["prefix_attention"] != self.prefix_attention:
             raise ValueError("set prefix_attention at the top of the recipe (it applies to every method), "
                              "not in the mutor block")
-        self.mutor_config()          # validate now, with MuToRConfig's own messages
+        for r in [self] + [self.for_method(n) for n in self.variants]:
+            r._validate_mutor()          # now, with MuToRConfig's own messages
 
     @property
     def methods(self) -> list[str]:
         return list(self.method) if isinstance(self.method, (list, tuple)) else [self.method]
 
+    def _validate_mutor(self) -> None:
+        extra = {}
+        if self.mutor.get("d_max_2d") is not None and self.mutor.get("grid_width") is None:
+            extra["grid_width"] = self.mutor["d_max_2d"]     # the task sets the real grid width at run time
+        self.mutor_config(**extra)
+
     def mutor_config(self, **overrides: Any) -> MuToRConfig:
         return MuToRConfig.from_dict({**self.mutor, "prefix_attention": self.prefix_attention, **overrides})
 
     def for_method(self, method: str) -> "Recipe":
+        """This recipe for one method (or named variant: its method, with its settings merged in)."""
         r = copy.deepcopy(self)
-        r.method = method
+        v = self.variants.get(method)
+        r.method = method if v is None else v["method"]
+        if v is not None:
+            r.mutor = {**r.mutor, **v.get("mutor", {})}
+            r.multi_token = {**r.multi_token, **v.get("multi_token", {})}
+        r.variants = {}
         return r
 
     def to_dict(self) -> dict:

@@ -82,6 +82,13 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
     return model.to(dtype)
 
 
+def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
+    """The task's grid settings apply to 2D offsets only (a 1D run on image tokens ignores the grid)."""
+    if recipe.mutor.get("d_max_2d") is not None:
+        return dict(task.mutor_overrides)
+    return {k: v for k, v in task.mutor_overrides.items() if k not in ("grid_width", "grid_start")}
+
+
 def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TaskData) -> torch.nn.Module:
     """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
     if method == "next_token":
@@ -90,11 +97,11 @@ def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: Ta
         from .model import MuToRModel
 
         # same forward as the plain model, with the prefix mask; loss_weight 0 places no register
-        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **task.mutor_overrides))
+        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)))
     if method == "mutor":
         from .model import MuToRModel
 
-        return MuToRModel(base, recipe.mutor_config(**task.mutor_overrides))
+        return MuToRModel(base, recipe.mutor_config(**_grid_overrides(recipe, task)))
     if method == "multi_token":
         from .multi_token import MultiTokenConfig, MultiTokenModel
 
@@ -159,6 +166,7 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     from .trainer import MuToRTrainer
 
     r = recipe.for_method(method)
+    label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", r.to_yaml())
     set_seed(r.seed)
@@ -183,7 +191,8 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     args = training_arguments(r, output_dir)
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
-                           processing_class=tokenizer, task_evaluator=task.evaluator)
+                           processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
+    write_json_atomic(output_dir / "task_info.json", {"task": r.data["task"], **task.info})
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -197,11 +206,11 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     wall = time.perf_counter() - t0
     trainer.save_model(str(output_dir))
     summary = {
-        "method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
+        "method": label, "base_method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
         "global_step": trainer.state.global_step, "train_loss": result.training_loss,
         "train_metrics": result.metrics, "wall_seconds": wall, "resumed_from": last,
         "parameters": {"base": base_params, "lora": lora_params, "added_by_method": added, **params}, "data": task.info,
-        "primary_metric": task.primary_metric,
+        "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
         "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
         "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
         "finished": True,
@@ -300,10 +309,12 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for run in runs:
         fin = _final_eval(run)
-        best = max((h.get(f"eval_{primary}", -math.inf) for h in run.get("eval_history", [])), default=None)
+        sign = 1 if run.get("primary_higher_is_better", True) else -1
+        vals = [h[f"eval_{primary}"] for h in run.get("eval_history", []) if f"eval_{primary}" in h]
+        best = max(vals, key=lambda v: sign * v) if vals else None
         rows.append([run["method"], str(run["global_step"])]
                     + [f"{fin[m]:.4f}" if isinstance(fin.get(m), (int, float)) else "-" for m in metrics]
-                    + ([f"{best:.4f}" if best not in (None, -math.inf) else "-"] if primary else [])
+                    + ([f"{best:.4f}" if best is not None else "-"] if primary else [])
                     + [f"{run['train_loss']:.4f}", f"{run['wall_seconds']:.0f}"])
     return header, rows
 

@@ -39,6 +39,8 @@ class TaskData:
     mutor_overrides: dict = field(default_factory=dict)   # e.g. grid_width/grid_start for 2D offsets
     evaluator: Optional[Callable[[Any, int], dict]] = None
     primary_metric: Optional[str] = None      # the evaluator key a comparison table leads with
+    primary_higher_is_better: bool = True     # False for distances and losses (FD, bits per token)
+    callbacks: list = field(default_factory=list)   # extra TrainerCallbacks the task needs (e.g. epoch-aware data)
     info: dict = field(default_factory=dict)  # counts worth reporting (e.g. examples dropped as too long)
     packing: bool = False                     # the task's default for data.packing (plain text: True)
 
