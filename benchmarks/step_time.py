@@ -188,8 +188,10 @@ def _run_case(spec: dict) -> dict:
 
     import mutor
 
-    base = build_model(spec)
-    input_ids, attention_mask, labels = build_batch(spec)
+    dev = torch.device(spec.get("device") or "cpu")
+    cuda = dev.type == "cuda"
+    base = build_model(spec).to(dev)
+    input_ids, attention_mask, labels = (t.to(dev) for t in build_batch(spec))
     if spec["case"] == "plain":
         model = base
 
@@ -203,6 +205,33 @@ def _run_case(spec: dict) -> dict:
         def forward():
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
             return out.loss, out.num_registers
+    elif spec["case"] == "mutor_fixed":
+        mcfg = mutor.MuToRConfig(d_max=spec["d_max"], loss_weight=spec["loss_weight"], seed=spec["seed"],
+                                 num_registers=spec["fixed_registers"])
+        model = mutor.MuToRModel(base, mcfg)
+
+        def forward():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+            return out.loss, out.num_registers
+    elif spec["case"] == "multi_token":
+        from mutor.multi_token import MultiTokenConfig, MultiTokenModel
+
+        model = MultiTokenModel(base, MultiTokenConfig(d_max=spec.get("mt_d_max", 2), loss_weight=0.1))
+
+        def forward():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+            return out.loss, out.num_registers
+    elif spec["case"] == "official":
+        from benchmarks.official_style import official_step
+
+        reg = torch.nn.Parameter(torch.randn(base.config.hidden_size) * 0.02)
+        model = torch.nn.ModuleDict({"base": base})
+        model.register_parameter("register", reg)
+        gen = torch.Generator().manual_seed(spec["seed"])
+
+        def forward():      # backward happens inside, one example at a time, as the reference code does
+            loss, regs = official_step(base, reg, input_ids, labels, spec["d_max"], spec["loss_weight"], gen)
+            return torch.tensor(loss), regs
     else:
         raise ValueError(f"unknown case {spec['case']!r}")
 
@@ -211,7 +240,7 @@ def _run_case(spec: dict) -> dict:
     def step(backward: bool = True):
         nonlocal registers
         loss, registers = forward()
-        if backward:
+        if backward and loss.requires_grad:
             loss.backward()
         return loss
 
@@ -222,8 +251,16 @@ def _run_case(spec: dict) -> dict:
         if i == spec["warmup"]:
             probe.start()  # after warm-up: one-off costs (thread pools, kernel caches) are not per-step memory
             faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                cuda0 = torch.cuda.memory_allocated()
+        if cuda:
+            torch.cuda.synchronize()
         s0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime, time.process_time(), time.perf_counter()
         loss = step()
+        if cuda:
+            torch.cuda.synchronize()
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         ds = resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0
         losses.append(float(loss.detach()))
@@ -232,7 +269,7 @@ def _run_case(spec: dict) -> dict:
             times.append(dt)
             cpu_times.append(dc)
             sys_times.append(ds)
-    peak = probe.peak_mb()
+    peak = probe.peak_mb() if not cuda else (torch.cuda.max_memory_allocated() - cuda0) / 2**20
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / spec["repeats"]
     model.zero_grad(set_to_none=True)
     saved = saved_tensor_mb(step, list(model.parameters()))
@@ -241,7 +278,7 @@ def _run_case(spec: dict) -> dict:
         "regular_tokens": int(input_ids.numel()), "registers": int(registers),
         "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
         "times_ms": [1e3 * t for t in times], "cpu_median_ms": 1e3 * statistics.median(cpu_times),
-        "cpu_times_ms": [1e3 * t for t in cpu_times], "sys_median_ms": 1e3 * statistics.median(sys_times), "peak_mb": peak, "peak_method": probe.method,
+        "cpu_times_ms": [1e3 * t for t in cpu_times], "sys_median_ms": 1e3 * statistics.median(sys_times), "peak_mb": peak, "peak_method": "cuda_max_allocated" if cuda else probe.method,
         "saved_mb": saved, "minor_faults_per_step": faults, "loss": losses[-1], "threads": torch.get_num_threads(),
         "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }

@@ -1,0 +1,72 @@
+"""An "official-style" MuToR training step, written by us as the baseline the suite compares against.
+
+It does what the paper's reference code does, per the paper's description: one example at a
+time (batch 1), register tokens physically interleaved after the tokens they follow, a dense
+additive float 4D mask built per example, logits over the full vocabulary at every position,
+and the cross-entropy over all of them. The objective is MuToR's: registers after answer token
+``x_t`` predict ``x_{t+d}`` with position id ``t+d-1``; regular tokens never see registers;
+``(1-a) * L_ntp + a * L_reg``. Gradients are accumulated over the examples of the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def interleave(labels_row: torch.Tensor, d: int):
+    """Order of the interleaved sequence: ('tok', t) and ('reg', t) entries, registers after their source."""
+    T = labels_row.shape[0]
+    order = []
+    for t in range(T):
+        order.append(("tok", t))
+        if t + d < T and int(labels_row[t + d]) != -100:
+            order.append(("reg", t))
+    return order
+
+
+def official_example_loss(model, register_vector: torch.Tensor, ids_row: torch.Tensor, labels_row: torch.Tensor,
+                          d: int, loss_weight: float) -> tuple[torch.Tensor, int]:
+    """The loss of one example (interleaved registers, dense float mask, full logits) and its register count."""
+    order = interleave(labels_row, d)
+    L = len(order)
+    dev = ids_row.device
+    emb = model.get_input_embeddings()(ids_row[None])[0]                                   # (T, C)
+    rows, pos, targets = [], [], []
+    for kind, t in order:
+        if kind == "tok":
+            rows.append(emb[t])
+            pos.append(t)
+            targets.append(int(labels_row[t + 1]) if t + 1 < len(labels_row) else -100)
+        else:
+            rows.append(register_vector.to(emb.dtype))
+            pos.append(t + d - 1)
+            targets.append(int(labels_row[t + d]))
+    x = torch.stack(rows)[None]                                                             # (1, L, C)
+    is_reg = torch.tensor([k == "reg" for k, _ in order], device=dev)
+    src = torch.tensor([t for _, t in order], device=dev)
+    # allowed(q, k): k is a regular token with source index <= q's source index, or k == q
+    allowed = (~is_reg)[None, :] & (src[None, :] <= src[:, None])
+    allowed |= torch.eye(L, dtype=torch.bool, device=dev)
+    mask = torch.zeros(L, L, dtype=x.dtype, device=dev).masked_fill_(~allowed, torch.finfo(x.dtype).min)
+    logits = model(inputs_embeds=x, attention_mask=mask[None, None], position_ids=torch.tensor([pos], device=dev),
+                   use_cache=False).logits[0].float()                                      # (L, V): every position
+    tgt = torch.tensor(targets, device=dev)
+    ce = F.cross_entropy(logits, tgt.clamp(min=0), reduction="none") * (tgt != -100)
+    ntp = ce[~is_reg].sum() / max(int(((tgt != -100) & ~is_reg).sum()), 1)
+    reg = ce[is_reg].sum() / max(int(is_reg.sum()), 1)
+    return (1 - loss_weight) * ntp + loss_weight * reg, int(is_reg.sum())
+
+
+def official_step(model, register_vector, input_ids, labels, d_max: int, loss_weight: float,
+                  generator: torch.Generator) -> tuple[float, int]:
+    """Forward and backward of one batch, one example at a time; returns (mean loss, registers)."""
+    total, regs = 0.0, 0
+    B = input_ids.shape[0]
+    for b in range(B):
+        d = int(torch.randint(1, d_max + 1, (1,), generator=generator))
+        loss, n = official_example_loss(model, register_vector, input_ids[b], labels[b], d, loss_weight)
+        (loss / B).backward()
+        total += float(loss.detach()) / B
+        regs += n
+    return total, regs
