@@ -16,6 +16,7 @@ FID/IS suite (ADM's evaluator) on the images; see the README.
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -31,9 +32,12 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     from scipy import linalg
 
     mu_a, mu_b = a.mean(0), b.mean(0)
-    sa, sb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    covmean, _ = linalg.sqrtm(sa @ sb, disp=False)
-    covmean = covmean.real
+    eye = np.eye(a.shape[1]) * 1e-6            # dead ReLU features make covariances singular (as pytorch-fid does)
+    sa, sb = np.cov(a, rowvar=False) + eye, np.cov(b, rowvar=False) + eye
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        covmean = linalg.sqrtm(sa @ sb)
+    covmean = np.real(covmean)
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(sa + sb - 2 * covmean))
 
 
