@@ -73,12 +73,16 @@ def _accepts(fn, name: str) -> bool:
 class MuToRModel(nn.Module):
     """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
 
-    def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None, attention: str = "auto"):
+    def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None, attention: str = "auto",
+                 loss_chunk_size: Optional[int] = None):
         super().__init__()
         if attention not in ("auto", "dense"):
             raise ValueError(f"MuToRModel attention must be 'auto' (split register rows under sdpa) or 'dense' "
                              f"(one (T+R)x(T+R) mask), got {attention!r}")
+        if loss_chunk_size is not None and (not isinstance(loss_chunk_size, int) or loss_chunk_size < 1):
+            raise ValueError(f"MuToRModel loss_chunk_size must be None or a positive integer, got {loss_chunk_size!r}")
         self.attention = attention
+        self.loss_chunk_size = loss_chunk_size
         self.mutor_config = config if config is not None else MuToRConfig()
         inner = _inner_model(base)
         name = type(inner).__name__
@@ -97,6 +101,13 @@ class MuToRModel(nn.Module):
                              f"'flex_attention' on GPU)")
         self.windows = attention_windows(hf_config)  # raises for chunked / linear attention layers
         self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
+        if loss_chunk_size is not None:
+            head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+            odd = [k for k in ("logit_scale", "logits_scaling", "output_multiplier_scale") if getattr(hf_config, k, None)]
+            if type(head) is not nn.Linear or odd or not hasattr(inner, "get_decoder"):
+                raise ValueError(f"{name}: loss_chunk_size needs a plain nn.Linear output layer and no logit scaling "
+                                 f"(found {type(head).__name__}{', ' + ', '.join(odd) if odd else ''}); "
+                                 "use loss_chunk_size=None (logits through the model's own head)")
         self.base_model = base
 
         emb = base.get_input_embeddings()
@@ -198,7 +209,7 @@ class MuToRModel(nn.Module):
         targets = torch.cat([layout.ntp_labels, layout.reg_labels], 1)                   # (B, T+R)
         keep = targets != IGNORE_INDEX                                                    # (B, T+R)
         is_reg = torch.cat([torch.zeros_like(layout.ntp_labels, dtype=torch.bool), layout.reg_valid], 1)[keep]
-        if self._logits_to_keep:
+        if self._logits_to_keep and self.loss_chunk_size is None:
             kwargs["logits_to_keep"] = keep
         inner = _inner_model(self.base_model)
         # gradient checkpointing recomputes layers outside this forward, where the split is off: keep it dense
@@ -207,29 +218,37 @@ class MuToRModel(nn.Module):
                  and not checkpointing)
         ctx = split_attention_for(inner, layout.num_regular, mask) if split \
             else contextlib.nullcontext()
-        with ctx:
-            out = self.base_model(inputs_embeds=inputs_embeds, attention_mask=mask,
-                                  position_ids=layout.position_ids, use_cache=False, **kwargs)
-        logits = out.logits if self._logits_to_keep else out.logits[keep]                 # (N, V)
         targets = targets[keep]                                                            # (N,)
-
-        ce = F.cross_entropy(logits.float(), targets, reduction="none")                   # (N,)
         n_ntp = int((~is_reg).sum())
         n_reg = int(is_reg.sum())
         ntp_den = num_items_in_batch if num_items_in_batch is not None else max(n_ntp, 1)
         reg_den = num_registers_in_batch if num_registers_in_batch is not None else max(n_reg, 1)
-        ce_reg = ce[is_reg]                                                                # (n_reg,)
-        ntp_loss = ce[~is_reg].sum() / ntp_den
-        reg_loss = ce_reg.sum() / reg_den
         a = cfg.loss_weight
-        loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * reg_loss
+        logits = None
+        if self.loss_chunk_size is None:
+            with ctx:
+                out = self.base_model(inputs_embeds=inputs_embeds, attention_mask=mask,
+                                      position_ids=layout.position_ids, use_cache=False, **kwargs)
+            logits = out.logits if self._logits_to_keep else out.logits[keep]             # (N, V)
+            ce = F.cross_entropy(logits.float(), targets, reduction="none")               # (N,)
+            ntp_loss = ce[~is_reg].sum() / ntp_den
+            reg_loss = ce[is_reg].sum() / reg_den
+            loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * reg_loss
+            with torch.no_grad():
+                # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
+                target_logit = logits.gather(1, targets[:, None]).squeeze(1)              # (N,)
+                hit = target_logit >= logits.amax(-1)
+        else:
+            loss, ce, hit = self._chunked_loss(inputs_embeds, mask, layout.position_ids, keep, targets, is_reg,
+                                               ntp_den, reg_den, ctx, kwargs)
+            ntp_loss = (ce[~is_reg].sum() / ntp_den).detach()
+            reg_loss = (ce[is_reg].sum() / reg_den).detach()
+        ce_reg = ce[is_reg]                                                                # (n_reg,)
 
         with torch.no_grad():
             K = len(cfg.offset_choices())
             choice = layout.reg_choice[layout.reg_valid]          # same row-major order as the register rows
-            # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
-            target_logit = logits.gather(1, targets[:, None]).squeeze(1)                  # (N,)
-            correct = (target_logit >= logits.amax(-1))[is_reg].float()
+            correct = hit[is_reg].float()
             count_k = torch.bincount(choice, minlength=K).float()
             loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce_reg.detach())
             acc_k = torch.zeros(K, device=dev).index_add_(0, choice, correct)
@@ -241,6 +260,24 @@ class MuToRModel(nn.Module):
             reg_count_per_offset=count_k, num_registers=n_reg, num_ntp_tokens=n_ntp,
             logits=logits if return_logits else None, layout=layout if return_logits else None,
         )
+
+    def _chunked_loss(self, inputs_embeds, mask, position_ids, keep, targets, is_reg, ntp_den, reg_den, ctx, kwargs):
+        """Decoder hidden states at loss rows, then projection + cross-entropy in chunks (mutor.loss)."""
+        from .loss import fused_linear_cross_entropy
+
+        inner = _inner_model(self.base_model)
+        with ctx:
+            hs = inner.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids,
+                                     use_cache=False, **kwargs).last_hidden_state                # (B, L, C)
+        rows = hs[keep]                                                                    # (N, C)
+        a = self.mutor_config.loss_weight
+        w_ntp = (1.0 - a) / ntp_den if a else 1.0 / ntp_den
+        row_weight = torch.where(is_reg, torch.as_tensor(a / reg_den, device=rows.device, dtype=torch.float32),
+                                 torch.as_tensor(w_ntp, device=rows.device, dtype=torch.float32))
+        head = inner.get_output_embeddings()
+        cap = getattr(inner.config, "final_logit_softcapping", None)
+        return fused_linear_cross_entropy(rows, head.weight, head.bias, targets, row_weight, cap,
+                                          self.loss_chunk_size)
 
     # ------------------------------------------------------------ checkpoints
     def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:
