@@ -200,7 +200,8 @@ def _run_case(spec: dict) -> dict:
             return out.loss, 0
     elif spec["case"] in ("mutor", "mutor_dense"):
         mcfg = mutor.MuToRConfig(d_max=spec["d_max"], loss_weight=spec["loss_weight"], seed=spec["seed"])
-        model = mutor.MuToRModel(base, mcfg, attention="dense" if spec["case"] == "mutor_dense" else "auto")
+        model = mutor.MuToRModel(base, mcfg, attention="dense" if spec["case"] == "mutor_dense" else "auto",
+                                 loss_chunk_size=spec.get("loss_chunk"))
 
         def forward():
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
@@ -407,6 +408,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--attention", choices=["auto", "dense", "both"], default="auto",
                    help="MuToRModel attention: auto (split register rows under sdpa), dense (one (T+R)^2 mask), "
                         "or both, as two rows of the table")
+    p.add_argument("--loss-chunk", type=int, default=None,
+                   help="MuToRModel(loss_chunk_size=...): chunked projection + cross-entropy (default: off)")
     p.add_argument("--d-max", type=int, default=4, help="MuToRConfig.d_max")
     p.add_argument("--loss-weight", type=float, default=0.3, help="MuToRConfig.loss_weight")
     p.add_argument("--seed", type=int, default=0)
@@ -463,7 +466,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
             for case in cases if rnd % 2 == 0 else cases[::-1]:
                 spec = dict(case=case, answer_length=A, prompt_length=args.prompt_length, batch_size=args.batch_size,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
-                            d_max=args.d_max, loss_weight=args.loss_weight, model=model)
+                            d_max=args.d_max, loss_weight=args.loss_weight, model=model, loss_chunk=args.loss_chunk)
                 r = run_case_subprocess(spec) if args.isolation == "subprocess" else run_case(spec)
                 runs[case].append(r)
                 print(f"#   A={A:<5d} {case:<11s} round {rnd}: median {r['median_ms']:8.1f} ms "

@@ -89,6 +89,9 @@ class Recipe:
         default=None, metadata={"help": "torch CPU threads for the run (None: torch's default). Tiny models on a "
                                         "shared CPU often run faster with 1."})
     name: Optional[str] = field(default=None, metadata={"help": "Run name (default: the recipe file's name)."})
+    loss_chunk_size: Optional[int] = field(
+        default=None, metadata={"help": "MuToR: compute the output projection and cross-entropy in chunks of this many "
+                                        "rows (the (N, V) logits are never held at once). None: the model's own head."})
     prefix_attention: str = field(
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
                                             "every method (the paper's fine-tuning setting)."})

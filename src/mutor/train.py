@@ -97,11 +97,13 @@ def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: Ta
         from .model import MuToRModel
 
         # same forward as the plain model, with the prefix mask; loss_weight 0 places no register
-        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)))
+        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)),
+                          loss_chunk_size=recipe.loss_chunk_size)
     if method == "mutor":
         from .model import MuToRModel
 
-        return MuToRModel(base, recipe.mutor_config(**_grid_overrides(recipe, task)))
+        return MuToRModel(base, recipe.mutor_config(**_grid_overrides(recipe, task)),
+                          loss_chunk_size=recipe.loss_chunk_size)
     if method == "multi_token":
         from .multi_token import MultiTokenConfig, MultiTokenModel
 
