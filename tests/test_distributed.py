@@ -1,4 +1,5 @@
-"""Two-process data parallel training (torchrun, gloo on CPU) equals one process with the doubled batch.
+"""Two-process data parallel training (torchrun, gloo on CPU) equals one process with the doubled batch:
+same final weights (DDP keeps the ranks identical; rank 0 saves) and the same logged loss at every step.
 
 This is what makes multi-GPU runs honest: each rank sees half the batch, and the register
 counts are gathered across ranks like Trainer's label-token counts, so both losses stay
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 
 COMMON = ["tiny/gsm8k", "method=mutor", "mutor.d_max=2", "mutor.min_offset=2", "training.max_steps=2",
           "training.save_strategy=no", "training.optim=sgd", "training.learning_rate=0.05", "training.report_to=[]",
-          "training.use_cpu=true", "--quiet"]
+          "training.use_cpu=true", "training.logging_steps=1", "--quiet"]
 
 
 @pytest.mark.slow
@@ -37,3 +38,11 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path):
         a, b = load_file(str(tmp_path / "ddp" / f)), load_file(str(tmp_path / "one" / f))
         for k in a:
             torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+    # the logged loss of every step (Trainer gathers it over ranks) is the single-process loss
+    import json
+
+    ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())["train_history"]
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())["train_history"]
+    assert [h["step"] for h in ddp] == [h["step"] for h in one] == [1, 2]
+    for x, y in zip(ddp, one):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x, y)

@@ -68,7 +68,7 @@ def test_summarization_and_gsm8k_templates_are_the_papers():
 
 
 def test_missing_field_and_unknown_task_are_named():
-    with pytest.raises(KeyError, match="'question'"):
+    with pytest.raises(ValueError, match="'question'"):
         render_prompt(get_task("gsm8k"), {"problem": "x"})
     with pytest.raises(ValueError, match="unknown data.task 'gsm9k'"):
         build_task("gsm9k", {}, byte_tokenizer())

@@ -253,3 +253,27 @@ def test_cli_runs_a_shipped_recipe(tmp_path):
     cmp = json.loads((tmp_path / "comparison.json").read_text())
     assert [r["method"] for r in cmp["runs"]] == ["next_token", "mutor", "multi_token"]
     assert (tmp_path / "comparison.md").is_file() and (tmp_path / "curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("method", ["next_token", "mutor", "multi_token"])
+def test_each_method_lowers_its_loss_on_fixture_data(tmp_path, method):
+    r = dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 8,
+                                              "logging_steps": 1, "save_steps": 8, "learning_rate": 3e-3})
+    hist = run_recipe(r, quiet=True)["runs"][0]["train_history"]
+    assert len(hist) == 8
+    first, last = hist[0], hist[-1]
+    assert last["loss"] < first["loss"]
+    if method != "next_token":
+        assert last["ntp_loss"] < first["ntp_loss"] and last["reg_loss"] < first["reg_loss"]
+
+
+def test_missing_column_and_empty_data_fail_before_training(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "2+2?", "answer": "4"}\n')
+    with pytest.raises(ValueError, match="lacks column.*'question'"):
+        run_recipe(dict(RECIPE, data={"task": "gsm8k", "path": str(bad)},
+                        training={**RECIPE["training"], "output_dir": str(tmp_path / "a")}), quiet=True)
+    with pytest.raises(ValueError, match="longer than max_length=20"):
+        run_recipe(dict(RECIPE, data={**RECIPE["data"], "max_length": 20},
+                        training={**RECIPE["training"], "output_dir": str(tmp_path / "b")}), quiet=True)
+    assert not (tmp_path / "a" / "checkpoint-3").exists()

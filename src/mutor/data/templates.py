@@ -143,8 +143,8 @@ def _format(template: str, ex: dict, task: TextTask, what: str) -> str:
     try:
         return template.format(**task.prepare(ex))
     except KeyError as err:
-        raise KeyError(f"{task.name} {what} template needs field {err.args[0]!r}; the example has "
-                       f"{sorted(ex)}") from None
+        raise ValueError(f"{task.name} {what} template needs the dataset column {err.args[0]!r}; the data has "
+                         f"columns {sorted(ex)}") from None
 
 
 def render_prompt(task: TextTask, ex: dict) -> str:

@@ -86,6 +86,20 @@ def _finish(rows, tokenizer, render, max_length: int, limit: Optional[int], num_
     return enc, n, n - len(enc)
 
 
+def _missing_columns(task: TextTask, rows) -> list[str]:
+    """Template fields the data does not have (checked on the first example, after ``prepare``)."""
+    import string
+
+    if len(rows) == 0:
+        return []
+    try:
+        have = set(task.prepare(dict(rows[0])))
+    except KeyError as err:
+        return [str(err.args[0])]
+    wanted = {f for tmpl in (task.prompt, task.completion) for _, f, _, _ in string.Formatter().parse(tmpl) if f}
+    return sorted(wanted - have)
+
+
 def build_template_task(task: TextTask, options: dict, tokenizer, seed: int) -> TaskData:
     _check_options(options, _COMMON, task.name)
     _need_tokenizer(tokenizer, task.name)
@@ -105,8 +119,15 @@ def build_template_task(task: TextTask, options: dict, tokenizer, seed: int) -> 
     if split is None and options.get("path") is None:
         raise ValueError(f"task {task.name!r} has no training split on the Hub ({task.notes}); give data.path")
     render = lambda ex: (render_prompt(task, ex), render_completion(task, ex))  # noqa: E731
-    train, n, dropped = _finish(rows_for(options.get("path"), split, "training"), tokenizer, render, max_length,
-                                options.get("limit"), options.get("num_proc"))
+    rows = rows_for(options.get("path"), split, "training")
+    missing = _missing_columns(task, rows)
+    if missing:
+        raise ValueError(f"task {task.name!r}: the training data lacks column(s) {missing} that the template uses; "
+                         f"it has {rows.column_names}")
+    train, n, dropped = _finish(rows, tokenizer, render, max_length, options.get("limit"), options.get("num_proc"))
+    if len(train) == 0:
+        raise ValueError(f"task {task.name!r}: all {n} training examples are longer than max_length={max_length} "
+                         "tokens and were dropped; nothing to train on (raise data.max_length?)")
     info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length, "loaded": n}
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
