@@ -65,6 +65,21 @@ def _inner_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def prepare_inputs(input_ids, attention_mask, labels, position_ids, device):
+    """Check shapes, move to ``device``; labels default to every non-padding token."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+    for name, t in (("attention_mask", attention_mask), ("position_ids", position_ids), ("labels", labels)):
+        if t is not None and t.shape != input_ids.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; it must match input_ids {tuple(input_ids.shape)}")
+    input_ids = input_ids.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+    if labels is None:
+        labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+    return input_ids, attention_mask, labels.to(device)
+
+
 def _accepts(fn, name: str) -> bool:
     params = inspect.signature(fn).parameters
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -185,18 +200,8 @@ class MuToRModel(nn.Module):
         ``num_items_in_batch`` / ``num_registers_in_batch`` replace the per-batch denominators
         of the two losses (token-weighted means under gradient accumulation).
         """
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
-        for name, t in (("attention_mask", attention_mask), ("position_ids", position_ids), ("labels", labels)):
-            if t is not None and t.shape != input_ids.shape:
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; it must match input_ids {tuple(input_ids.shape)}")
+        input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids, self.device)
         dev = self.device
-        input_ids = input_ids.to(dev)
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(dev)
-        if labels is None:
-            labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
-        labels = labels.to(dev)
         cfg = self.mutor_config
         layout = build_layout(labels, cfg, attention_mask, position_ids, offset_index, self._generator)
 

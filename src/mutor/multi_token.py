@@ -37,7 +37,7 @@ from .config import MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
-from .model import MuToROutput, _inner_model
+from .model import MuToROutput, _inner_model, prepare_inputs
 
 MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
@@ -147,12 +147,7 @@ class MultiTokenModel(nn.Module):
         of the accumulated batch (the trainer counts it), ``num_items_in_batch`` the next-token count."""
         kwargs.pop("offset_index", None)
         dev = self.device
-        input_ids = input_ids.to(dev)
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(dev)
-        if labels is None:
-            labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
-        labels = labels.to(dev)
+        input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids, dev)
         cfg = self.multi_token_config
         base_mask = attention_mask
         if cfg.prefix_attention == "bidirectional":
