@@ -191,3 +191,21 @@ def test_errors_are_named(tmp_path):
         evaluate_model("gsm9k", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         evaluate_checkpoints("gsm8k", str(tmp_path))
+
+
+def test_eval_run_task_for_a_synthetic_run(tmp_path):
+    """`mutor eval --task run` evaluates a star-graph model on its run's own held-out graphs."""
+    from mutor.cli import main
+    from mutor.train import run_recipe
+
+    out = tmp_path / "sg"
+    res = run_recipe("star-graph", ["method=next_token", "training.max_steps=2", "training.eval_steps=2",
+                                    "training.save_steps=2", "data.num_train=64", "data.num_test=8",
+                                    "data.path_len=4", "data.num_nodes=20", "model.preset=tiny-llama",
+                                    "training.report_to=[]", f"training.output_dir={out}"], quiet=True)
+    main(["eval", "--task", "run", "--model", str(out), "--quiet"])
+    summ = json.loads((out / "eval" / "run-task" / "summary.json").read_text())
+    final = res["runs"][0]["eval_history"][-1]
+    assert summ["task"] == "star_graph" and summ["primary"] == "solve_rate" and summ["n"] == 8
+    assert summ["metrics"]["solve_rate"] == final["eval_solve_rate"]          # same graphs, same model
+    assert summ["metrics"]["ntp_loss"] == pytest.approx(final["eval_ntp_loss"], rel=1e-5)

@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
                        description="Greedy decoding with the training prompt template, then the paper's metric. "
                                    "With --checkpoints, every checkpoint-* of a run is scored and the best one is "
                                    "picked on validation (AQUA-RAT, SAMSum, DialogSum) or test (GSM8K, MATH500).")
-    p.add_argument("--task", required=True, choices=sorted(EVAL_TASKS))
+    p.add_argument("--task", required=True,
+                   help=f"a text benchmark ({', '.join(sorted(EVAL_TASKS))}) or 'run' for the synthetic task a "
+                        "model was trained on (star_graph, digits: read from the run's recipe.yaml)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
     src.add_argument("--checkpoints", help="run directory with checkpoint-<step> subdirectories")
@@ -53,8 +55,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from pathlib import Path
 
-    from .eval.harness import evaluate_checkpoints, evaluate_model
+    if args.task == "run":
+        from .eval.harness import evaluate_run_task
 
+        if not args.model:
+            raise SystemExit("mutor eval --task run needs --model")
+        out = args.output_dir or str(Path(args.model) / "eval" / "run-task")
+        try:
+            result = evaluate_run_task(args.model, output_dir=out)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"mutor eval: {err}") from None
+        if not args.quiet:
+            print(json.dumps(result, indent=2))
+        return 0
+    from .eval.harness import EVAL_TASKS, evaluate_checkpoints, evaluate_model
+
+    if args.task not in EVAL_TASKS:
+        raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(EVAL_TASKS)}, or 'run'")
     common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
                   max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:

@@ -203,3 +203,42 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
     write_json_atomic(out / "summary.json", result)
     write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
     return result
+
+
+# ------------------------------------------------------- synthetic tasks
+def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrides: Optional[dict] = None) -> dict:
+    """Evaluate a model on the synthetic task it was trained on (star graphs, digits, ...).
+
+    The task and its options come from the run's ``recipe.yaml`` (in the model directory or its
+    parent), so held-out data and metrics are exactly those of training; ``overrides`` changes
+    task options (e.g. ``{"num_test": 2000}``).
+    """
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from ..data.registry import build_task
+
+    p = Path(model_path)
+    recipe = next((d / "recipe.yaml" for d in (p, p.parent) if (d / "recipe.yaml").is_file()), None)
+    if recipe is None:
+        raise FileNotFoundError(f"{model_path}: no recipe.yaml here or in the parent; synthetic tasks are evaluated "
+                                "on the data their run was trained with")
+    r = yaml.safe_load(recipe.read_text())
+    data = dict(r.get("data") or {})
+    name = data.pop("task")
+    data.pop("packing", None)
+    task = build_task(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
+    if task.evaluator is None:
+        raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
+    model = AutoModelForCausalLM.from_pretrained(str(p)).eval()
+    import torch
+
+    with torch.no_grad():
+        metrics = task.evaluator(model, 0)
+    summary = {"task": name, "split": "test", "model": str(model_path), "n": metrics.get("num_eval"),
+               "metrics": metrics, "primary": task.primary_metric or next(iter(metrics)),
+               **{k: r[k] for k in ("method", "seed") if k in r}}
+    if output_dir is not None:
+        write_json_atomic(Path(output_dir) / "summary.json", summary)
+        write_text_atomic(Path(output_dir) / "summary.md", summary_markdown([summary]))
+    return summary
