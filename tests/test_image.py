@@ -158,6 +158,11 @@ def test_tiny_digits_run_lowers_bits_per_token_and_samples(tmp_path, capsys):
     assert "fd" in (tmp_path / "comparison.md").read_text()
     cfg2d = json.loads((tmp_path / "mutor_2d" / "mutor_config.json").read_text())
     assert cfg2d["d_max_2d"] == 4 and cfg2d["grid_width"] == 8 and cfg2d["grid_start"] == 1
+    capsys.readouterr()
+    main(["compare", str(tmp_path), "--metrics", "fd", "bits_per_token", "--plot", str(tmp_path / "cmp.png")])
+    table = capsys.readouterr().out
+    assert "| mutor_2d |" in table and "digits fd" in table and "digits bits_per_token" in table
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
     main(["sample", "--model", str(tmp_path / "mutor_2d"), "--num-per-class", "2", "--classes", "0", "5",
           "--output-dir", str(tmp_path / "s")])
     assert np.load(tmp_path / "s" / "codes.npy").shape == (4, 64)

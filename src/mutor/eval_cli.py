@@ -37,21 +37,27 @@ def add_parser(sub) -> None:
                                    "in seed are averaged (mean ± sample std).")
     c.add_argument("paths", nargs="+", help="summary.json files or directories")
     c.add_argument("--output", default=None, help="also write the table to this Markdown file")
+    c.add_argument("--metrics", nargs="+", default=None,
+                   help="metric columns (default: each task's primary metric), e.g. fd precision recall")
+    c.add_argument("--plot", default=None, help="also draw the metrics per method to this PNG")
     c.set_defaults(command="compare")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "compare":
-        from .eval.compare import collect_summaries, comparison_table
+        from .eval.compare import collect_summaries, comparison_plot, comparison_table
         from .io import write_text_atomic
 
         try:
-            table = comparison_table(collect_summaries(args.paths))
+            summaries = collect_summaries(args.paths)
         except FileNotFoundError as err:
             raise SystemExit(f"mutor compare: {err}") from None
+        table = comparison_table(summaries, args.metrics)
         print(table)
         if args.output:
             write_text_atomic(args.output, table)
+        if args.plot:
+            comparison_plot(summaries, args.plot, args.metrics)
         return 0
     from pathlib import Path
 
