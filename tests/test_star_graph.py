@@ -200,3 +200,18 @@ def test_tiny_default_job_end_to_end(tmp_path, capsys):
     md = (tmp_path / "comparison.md").read_text()
     assert "| next_token |" in md and "| mutor |" in md and "solve_rate" in md
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]      # no temporaries left behind
+
+
+def test_continue_training_from_a_local_run(tmp_path):
+    """A trained run is a vanilla model directory: a recipe can start from it (no tokenizer needed)."""
+    from mutor.train import run_recipe
+
+    small = ["training.save_steps=2", "training.eval_steps=2", "data.num_train=64", "data.num_test=8",
+             "data.path_len=4", "data.num_nodes=20", "model.preset=tiny-llama", "training.report_to=[]"]
+    run_recipe("star-graph", ["method=next_token", "training.max_steps=2", f"training.output_dir={tmp_path / 'a'}",
+                              *small], quiet=True)
+    out = run_recipe("star-graph", ["method=mutor", "training.max_steps=2", f"training.output_dir={tmp_path / 'b'}",
+                                    f"model.name_or_path={tmp_path / 'a'}", *small], quiet=True)
+    run = out["runs"][0]
+    a0 = json.loads((tmp_path / "a" / "summary.json").read_text())["eval_history"][-1]
+    assert run["eval_history"][0]["eval_ntp_loss"] == pytest.approx(a0["eval_ntp_loss"], rel=1e-6)   # same weights

@@ -62,8 +62,9 @@ class ModelArgs:
         default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
                                                 "mutor.testing.PRESETS (tiny-llama, small-llama, ...)."})
     tokenizer: Optional[str] = field(
-        default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, or "
-                                        "None: name_or_path's tokenizer (none for tokenizer-less tasks)."})
+        default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, 'none', "
+                                        "or None: name_or_path's tokenizer if it has one (tokenizer-less tasks need "
+                                        "none)."})
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "sdpa | eager | flex_attention (GPU). MuToR needs one that takes a "
                                           "custom mask."})

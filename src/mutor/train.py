@@ -37,9 +37,14 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # ------------------------------------------------------------------ building
 def build_tokenizer(recipe: Recipe):
     m = recipe.model
+    if m.tokenizer == "none":
+        return None
     name = m.tokenizer if m.tokenizer is not None else m.name_or_path
     if name is None:
         return None
+    if m.tokenizer is None and Path(name).is_dir() and not any(
+            (Path(name) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None                               # a local model of a tokenizer-less task (star graphs, images)
     if name == "byte":
         from .testing import byte_tokenizer
 
