@@ -147,7 +147,7 @@ def test_default_recipe_is_the_star_graph_comparison():
 
     r = load_recipe("star-graph")
     assert r.methods == ["next_token", "mutor"] and r.data["task"] == "star_graph"
-    assert r.mutor_config().min_offset == 2
+    assert r.mutor_config().min_offset == 2 and r.data["path_len"] == 3 and r.data["num_nodes"] == 20
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
 
@@ -215,3 +215,27 @@ def test_continue_training_from_a_local_run(tmp_path):
     run = out["runs"][0]
     a0 = json.loads((tmp_path / "a" / "summary.json").read_text())["eval_history"][-1]
     assert run["eval_history"][0]["eval_ntp_loss"] == pytest.approx(a0["eval_ntp_loss"], rel=1e-6)   # same weights
+
+
+@pytest.mark.parametrize("recipe", ["star_graph/gpt2-large-g2-5", "star_graph/gpt2-large-g2-10"])
+def test_gpt2_recipes_run_with_a_tiny_local_gpt2(recipe, tmp_path):
+    """The paper-scale recipes' mechanics (a from_pretrained GPT-2 with learned absolute positions, the task's
+    ids mapped onto its vocabulary) on a tiny random GPT-2 saved locally in place of the Hub weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from mutor.train import run_recipe
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=160, n_positions=128, n_embd=32, n_layer=2, n_head=2)).save_pretrained(
+        tmp_path / "gpt2")
+    out = run_recipe(recipe, [f"model.name_or_path={tmp_path / 'gpt2'}", "training.bf16=false", "training.max_steps=2",
+                              "training.eval_steps=2", "training.save_steps=2", "training.logging_steps=1",
+                              "training.report_to=[]",
+                              "data.num_train=64", "data.num_test=8", "training.per_device_train_batch_size=4",
+                              f"training.output_dir={tmp_path / 'run'}"], quiet=True)
+    runs = {r["method"]: r for r in out["runs"]}
+    assert set(runs) == {"next_token", "mutor"}
+    for run in runs.values():
+        assert run["global_step"] == 2 and run["eval_history"][-1]["eval_num_eval"] == 8
+    assert runs["mutor"]["parameters"]["added_by_method"] == 32            # one register vector of the hidden size
+    assert "reg_loss" in runs["mutor"]["train_history"][-1]
