@@ -152,6 +152,19 @@ def test_default_recipe_is_the_star_graph_comparison():
         build_parser().parse_args([])
 
 
+@pytest.mark.parametrize("name", ["g2-5-cpu", "g2-5", "g2-10", "gpt2-large-g2-5", "gpt2-large-g2-10"])
+def test_star_graph_preset_names_match_their_graphs(name):
+    """star_graph/g{degree}-{path_len}*.yaml trains on exactly that graph (a renamed preset once did not)."""
+    import re
+
+    from mutor.recipe import load_recipe
+
+    degree, path_len = map(int, re.search(r"g(\d+)-(\d+)", name).groups())
+    r = load_recipe(f"star_graph/{name}")
+    assert (r.data["degree"], r.data["path_len"]) == (degree, path_len)
+    assert r.mutor_config().min_offset == 2
+
+
 def test_unknown_option_is_named():
     from mutor.data import build_task
 
