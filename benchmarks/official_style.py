@@ -16,11 +16,12 @@ import torch.nn.functional as F
 
 def interleave(labels_row: torch.Tensor, d: int):
     """Order of the interleaved sequence: ('tok', t) and ('reg', t) entries, registers after their source."""
-    T = labels_row.shape[0]
+    lab = labels_row.tolist()
+    T = len(lab)
     order = []
     for t in range(T):
         order.append(("tok", t))
-        if t + d < T and int(labels_row[t + d]) != -100:
+        if t + d < T and lab[t + d] != -100:
             order.append(("reg", t))
     return order
 
@@ -28,34 +29,29 @@ def interleave(labels_row: torch.Tensor, d: int):
 def official_example_loss(model, register_vector: torch.Tensor, ids_row: torch.Tensor, labels_row: torch.Tensor,
                           d: int, loss_weight: float) -> tuple[torch.Tensor, int]:
     """The loss of one example (interleaved registers, dense float mask, full logits) and its register count."""
-    order = interleave(labels_row, d)
+    order = interleave(labels_row.cpu(), d)          # host-side bookkeeping: no device sync per token
     L = len(order)
     dev = ids_row.device
+    lab = labels_row.tolist()
+    is_reg_l = [k == "reg" for k, _ in order]
+    src_l = [t for _, t in order]
+    pos_l = [t + d - 1 if r else t for r, t in zip(is_reg_l, src_l)]
+    tgt_l = [lab[t + d] if r else (lab[t + 1] if t + 1 < len(lab) else -100) for r, t in zip(is_reg_l, src_l)]
+    is_reg = torch.tensor(is_reg_l, device=dev)
+    src = torch.tensor(src_l, device=dev)
     emb = model.get_input_embeddings()(ids_row[None])[0]                                   # (T, C)
-    rows, pos, targets = [], [], []
-    for kind, t in order:
-        if kind == "tok":
-            rows.append(emb[t])
-            pos.append(t)
-            targets.append(int(labels_row[t + 1]) if t + 1 < len(labels_row) else -100)
-        else:
-            rows.append(register_vector.to(emb.dtype))
-            pos.append(t + d - 1)
-            targets.append(int(labels_row[t + d]))
-    x = torch.stack(rows)[None]                                                             # (1, L, C)
-    is_reg = torch.tensor([k == "reg" for k, _ in order], device=dev)
-    src = torch.tensor([t for _, t in order], device=dev)
+    x = torch.where(is_reg[:, None], register_vector.to(emb.dtype)[None], emb[src])[None]  # (1, L, C)
     # allowed(q, k): k is a regular token with source index <= q's source index, or k == q
     allowed = (~is_reg)[None, :] & (src[None, :] <= src[:, None])
     allowed |= torch.eye(L, dtype=torch.bool, device=dev)
     mask = torch.zeros(L, L, dtype=x.dtype, device=dev).masked_fill_(~allowed, torch.finfo(x.dtype).min)
-    logits = model(inputs_embeds=x, attention_mask=mask[None, None], position_ids=torch.tensor([pos], device=dev),
+    logits = model(inputs_embeds=x, attention_mask=mask[None, None], position_ids=torch.tensor([pos_l], device=dev),
                    use_cache=False).logits[0].float()                                      # (L, V): every position
-    tgt = torch.tensor(targets, device=dev)
+    tgt = torch.tensor(tgt_l, device=dev)
     ce = F.cross_entropy(logits, tgt.clamp(min=0), reduction="none") * (tgt != -100)
-    ntp = ce[~is_reg].sum() / max(int(((tgt != -100) & ~is_reg).sum()), 1)
-    reg = ce[is_reg].sum() / max(int(is_reg.sum()), 1)
-    return (1 - loss_weight) * ntp + loss_weight * reg, int(is_reg.sum())
+    ntp = ce[~is_reg].sum() / max(sum(1 for r, y in zip(is_reg_l, tgt_l) if not r and y != -100), 1)
+    reg = ce[is_reg].sum() / max(sum(is_reg_l), 1)
+    return (1 - loss_weight) * ntp + loss_weight * reg, sum(is_reg_l)
 
 
 def official_step(model, register_vector, input_ids, labels, d_max: int, loss_weight: float,

@@ -190,6 +190,9 @@ def _run_case(spec: dict) -> dict:
 
     dev = torch.device(spec.get("device") or "cpu")
     cuda = dev.type == "cuda"
+    if spec["case"] == "official" and spec["model"]["attn"] == "flex_attention":
+        # the reference passes a dense additive float mask, which FlexAttention cannot take
+        spec = dict(spec, model=dict(spec["model"], attn="sdpa"))
     base = build_model(spec).to(dev)
     input_ids, attention_mask, labels = (t.to(dev) for t in build_batch(spec))
     if spec["case"] == "plain":
@@ -209,7 +212,7 @@ def _run_case(spec: dict) -> dict:
     elif spec["case"] == "mutor_fixed":
         mcfg = mutor.MuToRConfig(d_max=spec["d_max"], loss_weight=spec["loss_weight"], seed=spec["seed"],
                                  num_registers=spec["fixed_registers"])
-        model = mutor.MuToRModel(base, mcfg)
+        model = mutor.MuToRModel(base, mcfg, loss_chunk_size=spec.get("loss_chunk"))
 
         def forward():
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)

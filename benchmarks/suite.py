@@ -9,11 +9,13 @@ Cases (same seeded random-init Llama, same batch; figures from ``benchmarks.step
 measuring code: median of timed forward+backward steps after warm-up, peak memory growth):
 
 * ``plain``: next-token training of the model as it is;
-* ``mutor``: MuToR with a register on every eligible answer token (split attention under sdpa);
+* ``mutor``: MuToR with a register on every eligible answer token (split attention under sdpa,
+  a BlockMask under flex_attention; ``--loss-chunk N`` for the chunked loss, on by default with ``--gpu``);
 * ``mutor_fixed``: MuToR with a fixed number of registers per sequence (``--fixed-registers``);
 * ``multi_token``: the Multi-Token heads baseline (``d_max=2``, one extra decoder layer);
 * ``official``: the official-style reference (:mod:`benchmarks.official_style`): batch 1,
-  interleaved registers, a dense additive float mask per example, full-vocabulary logits.
+  interleaved registers, a dense additive float mask per example (so sdpa, even in a flex
+  run), full-vocabulary logits.
 
 Ratios: time and memory over ``plain``, and the time ratio over the token ratio
 ``(regular + registers) / regular`` (for ``multi_token``, the extra tokens are the heads' targets).
@@ -58,7 +60,8 @@ def run_shape(model: dict, batch: int, prompt: int, answer: int, args, cases=CAS
     for case in cases:
         spec = dict(case=case, answer_length=answer, prompt_length=prompt, batch_size=batch, repeats=args.repeats,
                     warmup=args.warmup, threads=args.threads, seed=0, d_max=4, loss_weight=0.3, model=model,
-                    fixed_registers=args.fixed_registers or max(1, answer // 4), device=args.device)
+                    fixed_registers=args.fixed_registers or max(1, answer // 4), device=args.device,
+                    loss_chunk=args.loss_chunk)
         r = run_case(spec) if args.isolation == "inprocess" else run_case_subprocess(spec)
         results[case] = r
         say(f"#   {case:<12s} batch {batch} x {prompt}+{answer}: {r['median_ms']:9.1f} ms  peak +{r['peak_mb']:.1f} MB "
@@ -74,6 +77,10 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     p.add_argument("--answer", type=int, default=512, help="answer tokens per row on CPU (prompt 64)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--fixed-registers", type=int, default=None, help="mutor_fixed registers per row (default A/4)")
+    p.add_argument("--loss-chunk", type=int, default=None,
+                   help="MuToRModel(loss_chunk_size=N) for the mutor cases (default: off; --gpu: 1024)")
+    p.add_argument("--attn", choices=["sdpa", "eager", "flex_attention"], default=None,
+                   help="attention implementation (default: sdpa on CPU, flex_attention with --gpu)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
@@ -87,14 +94,15 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
           f"transformers {env['transformers']}", flush=True)
     shapes = []
     if args.tiny:
-        model = dict(PRESETS["tiny"], attn="sdpa", dtype="float32")
+        model = dict(PRESETS["tiny"], attn=args.attn or "sdpa", dtype="float32")
         shapes.append(("tiny", model, 2, 8, 16))
     elif args.gpu:
         args.device = args.device or "cuda"
-        model = dict(GPU_MODEL, attn="flex_attention", dtype="bfloat16")
+        model = dict(GPU_MODEL, attn=args.attn or "flex_attention", dtype="bfloat16")
+        args.loss_chunk = args.loss_chunk or 1024
         shapes += [(f"GPU 1B bf16, seq {n}", model, max(1, 8192 // n), 64, n - 64) for n in (512, 2048, 8192)]
     else:
-        model = dict(PRESETS["default"], attn="sdpa", dtype="float32")
+        model = dict(PRESETS["default"], attn=args.attn or "sdpa", dtype="float32")
         shapes.append((f"CPU small Llama, batch {args.batch} x (64 + {args.answer})", model, args.batch, 64,
                        args.answer))
     if args.throughput:
