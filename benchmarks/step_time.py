@@ -8,7 +8,10 @@ For every answer length A the batch is ``B`` rows of ``prompt_length + A`` rando
 no padding, labels -100 on the prompt. Two cases run on the *same* batch and the *same*
 seeded random-init Llama (built from ``LlamaConfig``, nothing is downloaded):
 
-* ``plain``: ``base(input_ids, attention_mask, labels=labels).loss.backward()``
+* ``plain``: ``base(input_ids, attention_mask, labels=labels).loss.backward()``; with
+  ``--loss-chunk N`` it is next-token through the same chunked loss
+  (``MuToRModel(base, MuToRConfig(loss_weight=0), loss_chunk_size=N)``, no registers), so the
+  ratio measures the registers and nothing else
 * ``mutor``: ``MuToRModel(base, MuToRConfig(d_max, loss_weight))(...).loss.backward()``
 
 Time: forward + backward (``zero_grad(set_to_none=True)`` before each step, outside the
@@ -195,7 +198,13 @@ def _run_case(spec: dict) -> dict:
         spec = dict(spec, model=dict(spec["model"], attn="sdpa"))
     base = build_model(spec).to(dev)
     input_ids, attention_mask, labels = (t.to(dev) for t in build_batch(spec))
-    if spec["case"] == "plain":
+    if spec["case"] == "plain" and spec.get("loss_chunk"):
+        # the fair baseline for chunked MuToR: next-token with the same chunked loss (no registers)
+        model = mutor.MuToRModel(base, mutor.MuToRConfig(loss_weight=0.0), loss_chunk_size=spec["loss_chunk"])
+
+        def forward():
+            return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss, 0
+    elif spec["case"] == "plain":
         model = base
 
         def forward():

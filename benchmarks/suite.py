@@ -8,7 +8,8 @@
 Cases (same seeded random-init Llama, same batch; figures from ``benchmarks.step_time``'s
 measuring code: median of timed forward+backward steps after warm-up, peak memory growth):
 
-* ``plain``: next-token training of the model as it is;
+* ``plain``: next-token training of the model as it is (with ``--loss-chunk``, through the same
+  chunked loss as the mutor cases, so their ratios measure the registers alone);
 * ``mutor``: MuToR with a register on every eligible answer token (split attention under sdpa,
   a BlockMask under flex_attention; ``--loss-chunk N`` for the chunked loss, on by default with ``--gpu``);
 * ``mutor_fixed``: MuToR with a fixed number of registers per sequence (``--fixed-registers``);

@@ -188,6 +188,27 @@ def test_bidirectional_next_token_places_no_registers(tmp_path):
         out["runs"][0]["train_history"][-1].get("reg_loss") is None
 
 
+def test_chunked_loss_applies_to_the_next_token_baseline_too():
+    """With loss_chunk_size, next_token trains through the same chunked loss as mutor (a fair baseline
+    for speed and memory), and that loss is still the plain next-token loss."""
+    from types import SimpleNamespace
+
+    from mutor.train import wrap_for_method
+
+    recipe = load_recipe(dict(RECIPE, method="next_token", loss_chunk_size=5))
+    base = tiny_causal_lm(259, seed=0)
+    model = wrap_for_method(base, recipe, "next_token", SimpleNamespace(mutor_overrides={}))
+    assert isinstance(model, MuToRModel) and model.loss_chunk_size == 5
+    assert model.mutor_config.loss_weight == 0.0
+    batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
+    out = model(**batch)
+    assert out.num_registers == 0
+    torch.testing.assert_close(out.loss, base(**batch, use_cache=False).loss, atol=1e-6, rtol=1e-6)
+    plain = wrap_for_method(base, load_recipe(dict(RECIPE, method="next_token")), "next_token",
+                            SimpleNamespace(mutor_overrides={}))
+    assert plain is base
+
+
 def test_packed_text_pretraining(tmp_path):
     r = dict(RECIPE, data={"task": "text", "path": str(FIXTURE.parent / "text_tiny.jsonl"), "max_length": 64},
              training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,

@@ -74,6 +74,10 @@ class ModelArgs:
     config_overrides: dict = field(
         default_factory=dict, metadata={"help": "transformers config fields for a random-init model (e.g. "
                                                 "hidden_size, num_hidden_layers)."})
+    rotary_2d: bool = field(
+        default=False, metadata={"help": "Image tasks: 2D rotary positions over the token grid (half of each head's "
+                                         "frequencies per axis; a register takes its target-predictor's cell). "
+                                         "Saved in the run's task_info.json; checkpoints stay vanilla."})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -91,8 +95,9 @@ class Recipe:
                                         "shared CPU often run faster with 1."})
     name: Optional[str] = field(default=None, metadata={"help": "Run name (default: the recipe file's name)."})
     loss_chunk_size: Optional[int] = field(
-        default=None, metadata={"help": "MuToR: compute the output projection and cross-entropy in chunks of this many "
-                                        "rows (the (N, V) logits are never held at once). None: the model's own head."})
+        default=None, metadata={"help": "Compute the output projection and cross-entropy in chunks of this many rows "
+                                        "(the (N, V) logits are never held at once), for mutor and for the next_token "
+                                        "baseline alike. None: the model's own head."})
     prefix_attention: str = field(
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
                                             "every method (the paper's fine-tuning setting)."})

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .image.rotary2d import apply_saved_rotary_2d
     from .image.sample import sample_codes, save_grid_png
 
     model_dir = Path(args.model)
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if any(not 0 <= c < layout.num_classes for c in classes) or args.num_per_class < 1:
         raise SystemExit(f"mutor sample: classes must lie in [0, {layout.num_classes}) and --num-per-class >= 1")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    apply_saved_rotary_2d(model, model_dir)
     wanted = [c for c in classes for _ in range(args.num_per_class)]
     try:
         codes = sample_codes(model, layout, wanted, cfg_scale=args.cfg_scale, temperature=args.temperature,

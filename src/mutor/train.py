@@ -66,8 +66,8 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
 
         if m.config_overrides:
             raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
-        return AutoModelForCausalLM.from_pretrained(m.name_or_path, dtype=dtype,
-                                                    attn_implementation=m.attn_implementation)
+        return _positions(AutoModelForCausalLM.from_pretrained(m.name_or_path, dtype=dtype,
+                                                               attn_implementation=m.attn_implementation), m, task)
     from .testing import tiny_causal_lm
 
     if task.vocab_size is not None:
@@ -84,7 +84,19 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
     kw.update(m.config_overrides)
     torch.manual_seed(recipe.seed)
     model = tiny_causal_lm(vocab, m.preset, attn_implementation=m.attn_implementation, **kw)
-    return model.to(dtype)
+    return _positions(model.to(dtype), m, task)
+
+
+def _positions(model: torch.nn.Module, m, task: TaskData) -> torch.nn.Module:
+    """``model.rotary_2d``: swap in 2D rotary positions over the task's grid."""
+    if not m.rotary_2d:
+        return model
+    grid = task.mutor_overrides
+    if "grid_width" not in grid:
+        raise ValueError("model.rotary_2d needs an image task (digits, image_codes): this task has no token grid")
+    from .image.rotary2d import use_rotary_2d
+
+    return use_rotary_2d(model, grid["grid_width"], grid.get("grid_start", 0))
 
 
 def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
@@ -97,11 +109,12 @@ def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
 def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TaskData) -> torch.nn.Module:
     """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
     if method == "next_token":
-        if recipe.prefix_attention == "causal":
+        if recipe.prefix_attention == "causal" and recipe.loss_chunk_size is None:
             return base
         from .model import MuToRModel
 
-        # same forward as the plain model, with the prefix mask; loss_weight 0 places no register
+        # same forward as the plain model (with the prefix mask, or the chunked loss, so the
+        # baseline gets what MuToR gets); loss_weight 0 places no register
         return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)),
                           loss_chunk_size=recipe.loss_chunk_size)
     if method == "mutor":
@@ -199,7 +212,12 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
                            processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
-    write_json_atomic(output_dir / "task_info.json", {"task": r.data["task"], **task.info})
+    info = {"task": r.data["task"], **task.info}
+    if r.model.rotary_2d:
+        from .image.rotary2d import rotary_2d_info
+
+        info.update(rotary_2d_info(task.mutor_overrides["grid_width"], task.mutor_overrides.get("grid_start", 0)))
+    write_json_atomic(output_dir / "task_info.json", info)
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -231,6 +231,9 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     if task.evaluator is None:
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
     model = AutoModelForCausalLM.from_pretrained(str(p)).eval()
+    from ..image.rotary2d import apply_saved_rotary_2d
+
+    apply_saved_rotary_2d(model, p)
     import torch
 
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """MuToR-2D: class-conditional autoregressive image generation over discrete tokens (the paper's 3.4, 4.2).
 
 ``data`` (digits from scikit-learn and pre-tokenized VQ codes, as ``mutor train`` tasks),
-``sample`` (KV-cache sampling with classifier-free guidance) and ``metrics`` (bits per token,
-Fréchet distance and precision/recall in an in-project classifier's feature space).
+``sample`` (KV-cache sampling with classifier-free guidance), ``metrics`` (bits per token,
+Fréchet distance and precision/recall in an in-project classifier's feature space) and
+``rotary2d`` (2D RoPE over the token grid, swapped into any RoPE decoder).
 """
