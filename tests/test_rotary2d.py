@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -97,7 +98,7 @@ def test_cached_sampling_matches_full_forward_under_2d_rotary():
     assert codes[0].tolist() == seq[1:]
 
 
-def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path):
+def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from mutor.train import run_recipe
@@ -115,6 +116,21 @@ def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(str(saved))
     assert apply_saved_rotary_2d(model, saved) == {"width": 8, "grid_start": 1}
     assert isinstance(model.model.rotary_emb, GridRotaryEmbedding)
+    # `mutor sample` puts the grid back too (the model it samples from has the 2D rotary)
+    import mutor.image.sample as sample_mod
+    from mutor.cli import main
+
+    seen = []
+
+    def spy(model, *args, **kwargs):
+        seen.append(type(model.model.rotary_emb))
+        return real(model, *args, **kwargs)
+
+    real = sample_mod.sample_codes
+    monkeypatch.setattr(sample_mod, "sample_codes", spy)
+    main(["sample", "--model", str(saved), "--num-per-class", "1", "--classes", "3", "--output-dir",
+          str(tmp_path / "s")])
+    assert seen == [GridRotaryEmbedding] and np.load(tmp_path / "s" / "codes.npy").shape == (1, 64)
 
 
 def test_rotary_2d_needs_an_image_task():
