@@ -229,7 +229,8 @@ def _run_case(spec: dict) -> dict:
     elif spec["case"] == "multi_token":
         from mutor.multi_token import MultiTokenConfig, MultiTokenModel
 
-        model = MultiTokenModel(base, MultiTokenConfig(d_max=spec.get("mt_d_max", 2), loss_weight=0.1))
+        model = MultiTokenModel(base, MultiTokenConfig(d_max=spec.get("mt_d_max", 2), loss_weight=0.1),
+                                loss_chunk_size=spec.get("loss_chunk"))
 
         def forward():
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)

@@ -9,7 +9,7 @@ Cases (same seeded random-init Llama, same batch; figures from ``benchmarks.step
 measuring code: median of timed forward+backward steps after warm-up, peak memory growth):
 
 * ``plain``: next-token training of the model as it is (with ``--loss-chunk``, through the same
-  chunked loss as the mutor cases, so their ratios measure the registers alone);
+  chunked loss as the mutor and multi_token cases, so their ratios measure the method alone);
 * ``mutor``: MuToR with a register on every eligible answer token (split attention under sdpa,
   a BlockMask under flex_attention; ``--loss-chunk N`` for the chunked loss, on by default with ``--gpu``);
 * ``mutor_fixed``: MuToR with a fixed number of registers per sequence (``--fixed-registers``);

@@ -126,3 +126,27 @@ def test_refuses_models_without_llama_layout():
 def test_config_errors_name_the_field(bad, field):
     with pytest.raises(ValueError, match=f"MultiTokenConfig.{field}"):
         MultiTokenConfig(**bad)
+
+
+@pytest.mark.parametrize("batch_fn", [padded_batch, packed_batch], ids=["padded", "packed"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen3"])
+def test_chunked_loss_equals_the_heads_own_logits(family, batch_fn):
+    """loss_chunk_size: the same loss, metrics and gradients as projecting every row through the head."""
+    outs, grads = [], []
+    for chunk in (None, 5):
+        torch.manual_seed(0)
+        model = MultiTokenModel(make_model(family), MultiTokenConfig(d_max=3, loss_weight=0.3), loss_chunk_size=chunk)
+        out = model(**batch_fn())
+        out.loss.backward()
+        outs.append(out)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    a, b = outs
+    assert a.num_registers == b.num_registers > 0 and a.num_ntp_tokens == b.num_ntp_tokens
+    for k in ("loss", "ntp_loss", "reg_loss", "reg_accuracy", "reg_loss_per_offset", "reg_accuracy_per_offset",
+              "reg_count_per_offset"):
+        torch.testing.assert_close(getattr(a, k).detach(), getattr(b, k).detach(), atol=1e-5, rtol=1e-5, msg=k)
+    assert grads[0].keys() == grads[1].keys() and any(n.startswith("heads.") for n in grads[0])
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+    with pytest.raises(ValueError, match="loss_chunk_size"):
+        MultiTokenModel(make_model(family), loss_chunk_size=0)

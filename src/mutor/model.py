@@ -85,6 +85,23 @@ def _accepts(fn, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def check_loss_chunking(inner: nn.Module, loss_chunk_size: Optional[int], owner: str) -> None:
+    """A ValueError unless ``loss_chunk_size`` is None, or a positive int on a model whose logits are
+    ``lm_head(decoder(...).last_hidden_state)`` (a plain nn.Linear, no logit scaling) - what the
+    chunked loss (mutor.loss) recomputes."""
+    if loss_chunk_size is None:
+        return
+    if isinstance(loss_chunk_size, bool) or not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
+        raise ValueError(f"{owner} loss_chunk_size must be None or a positive integer, got {loss_chunk_size!r}")
+    name, hf_config = type(inner).__name__, getattr(inner, "config", None)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    odd = [k for k in ("logit_scale", "logits_scaling", "output_multiplier_scale") if getattr(hf_config, k, None)]
+    if type(head) is not nn.Linear or odd or not hasattr(inner, "get_decoder"):
+        raise ValueError(f"{name}: loss_chunk_size needs a plain nn.Linear output layer and no logit scaling "
+                         f"(found {type(head).__name__}{', ' + ', '.join(odd) if odd else ''}); "
+                         "use loss_chunk_size=None (logits through the model's own head)")
+
+
 class MuToRModel(nn.Module):
     """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
 
@@ -94,8 +111,6 @@ class MuToRModel(nn.Module):
         if attention not in ("auto", "dense"):
             raise ValueError(f"MuToRModel attention must be 'auto' (split register rows under sdpa) or 'dense' "
                              f"(one (T+R)x(T+R) mask), got {attention!r}")
-        if loss_chunk_size is not None and (not isinstance(loss_chunk_size, int) or loss_chunk_size < 1):
-            raise ValueError(f"MuToRModel loss_chunk_size must be None or a positive integer, got {loss_chunk_size!r}")
         self.attention = attention
         self.loss_chunk_size = loss_chunk_size
         self.mutor_config = config if config is not None else MuToRConfig()
@@ -116,13 +131,7 @@ class MuToRModel(nn.Module):
                              f"'flex_attention' on GPU)")
         self.windows = attention_windows(hf_config)  # raises for chunked / linear attention layers
         self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
-        if loss_chunk_size is not None:
-            head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-            odd = [k for k in ("logit_scale", "logits_scaling", "output_multiplier_scale") if getattr(hf_config, k, None)]
-            if type(head) is not nn.Linear or odd or not hasattr(inner, "get_decoder"):
-                raise ValueError(f"{name}: loss_chunk_size needs a plain nn.Linear output layer and no logit scaling "
-                                 f"(found {type(head).__name__}{', ' + ', '.join(odd) if odd else ''}); "
-                                 "use loss_chunk_size=None (logits through the model's own head)")
+        check_loss_chunking(inner, loss_chunk_size, "MuToRModel")
         self.base_model = base
 
         emb = base.get_input_embeddings()

@@ -37,7 +37,7 @@ from .config import MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
-from .model import MuToROutput, _inner_model, prepare_inputs
+from .model import MuToROutput, _inner_model, check_loss_chunking, prepare_inputs
 
 MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
@@ -86,11 +86,14 @@ def _parts(inner: nn.Module):
 class MultiTokenModel(nn.Module):
     """Wrap ``base`` (a transformers causal LM, or a peft model around one) with ``d_max - 1`` extra heads."""
 
-    def __init__(self, base: nn.Module, config: Optional[MultiTokenConfig] = None):
+    def __init__(self, base: nn.Module, config: Optional[MultiTokenConfig] = None,
+                 loss_chunk_size: Optional[int] = None):
         super().__init__()
         self.multi_token_config = config if config is not None else MultiTokenConfig()
         inner = _inner_model(base)
         layers, _, _ = _parts(inner)
+        check_loss_chunking(inner, loss_chunk_size, "MultiTokenModel")
+        self.loss_chunk_size = loss_chunk_size
         attn = getattr(inner.config, "_attn_implementation", None) or "eager"
         if self.multi_token_config.prefix_attention == "bidirectional" and attn not in SUPPORTED_ATTENTION:
             raise ValueError(f"{type(inner).__name__} uses attn_implementation={attn!r}, which cannot take the "
@@ -166,46 +169,71 @@ class MultiTokenModel(nn.Module):
         def grab(module, args, kw):
             captured["args"], captured["kwargs"] = args, kw
 
+        inner = _inner_model(self.base_model)
+        chunked = self.loss_chunk_size is not None
         handle = layers[-1].register_forward_pre_hook(grab, with_kwargs=True)
         try:
-            out = self.base_model(input_ids=input_ids, attention_mask=base_mask, position_ids=position_ids,
-                                  logits_to_keep=keep, use_cache=False, **kwargs)
+            if chunked:   # decoder only: its (normed) hidden states go to the chunked loss, no logits
+                hs = inner.get_decoder()(input_ids=input_ids, attention_mask=base_mask, position_ids=position_ids,
+                                         use_cache=False, **kwargs).last_hidden_state   # (B, T, C)
+            else:
+                out = self.base_model(input_ids=input_ids, attention_mask=base_mask, position_ids=position_ids,
+                                      logits_to_keep=keep, use_cache=False, **kwargs)
         finally:
             handle.remove()
-        ntp_ce = F.cross_entropy(out.logits.float(), ntp_labels[keep], reduction="none")  # (N,)
         n_ntp = int(keep.sum())
-        ntp_loss = ntp_ce.sum() / (num_items_in_batch if num_items_in_batch is not None else max(n_ntp, 1))
+        ntp_den = num_items_in_batch if num_items_in_batch is not None else max(n_ntp, 1)
 
         args, kw = captured["args"], dict(captured["kwargs"])
         trunk = args[0] if args else kw.pop("hidden_states")                           # (B, T, C)
         rest = args[1:]
-        head_ce, correct, count_k, loss_k, acc_k = [], [], [], [], []
+        head_rows, head_tgt = [], []
         for k, head in enumerate(self.heads, start=2):
             lay = build_layout(labels, MuToRConfig(d_max=k, min_offset=k), attention_mask, position_ids)
             h = head(trunk, *rest, **kw)
             h = h[0] if isinstance(h, tuple) else h                                     # (B, T, C)
-            rows = h[torch.arange(h.shape[0], device=dev)[:, None].expand_as(lay.reg_source)[lay.reg_valid],
-                     lay.reg_source[lay.reg_valid]]                                     # (n_k, C)
-            tgt = lay.reg_labels[lay.reg_valid]                                         # (n_k,)
-            logits = self._project(rows)                                                # (n_k, V)
-            ce = F.cross_entropy(logits.float(), tgt, reduction="none")
-            head_ce.append(ce)
-            with torch.no_grad():
-                ok = (logits.gather(1, tgt[:, None]).squeeze(1) >= logits.amax(-1)).float()
-                correct.append(ok)
-                count_k.append(float(len(tgt)))
-                loss_k.append(float(ce.sum()))
-                acc_k.append(float(ok.sum()))
-        ce_all = torch.cat(head_ce)
-        n_aux = int(ce_all.numel())
-        aux_loss = ce_all.sum() / (num_registers_in_batch if num_registers_in_batch is not None else max(n_aux, 1))
+            head_rows.append(h[torch.arange(h.shape[0], device=dev)[:, None].expand_as(lay.reg_source)[lay.reg_valid],
+                               lay.reg_source[lay.reg_valid]])                          # (n_k, C)
+            head_tgt.append(lay.reg_labels[lay.reg_valid])                              # (n_k,)
+        count_k = [len(t) for t in head_tgt]
+        n_aux = sum(count_k)
+        aux_den = num_registers_in_batch if num_registers_in_batch is not None else max(n_aux, 1)
         a = cfg.loss_weight
-        loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * aux_loss
-        cnt = torch.tensor(count_k, device=dev)
+        if chunked:
+            from .loss import fused_linear_cross_entropy
+
+            _, norm, lm_head = _parts(inner)
+            rows = torch.cat([hs[keep]] + [norm(r) for r in head_rows])                # (N + n_aux, C)
+            targets = torch.cat([ntp_labels[keep]] + head_tgt)
+            w_ntp = (1.0 - a) / ntp_den if a else 1.0 / ntp_den
+            row_weight = torch.cat([torch.full((n_ntp,), float(w_ntp), device=dev),
+                                    torch.full((n_aux,), float(a / aux_den), device=dev)])
+            cap = getattr(inner.config, "final_logit_softcapping", None)
+            loss, ce, hit = fused_linear_cross_entropy(rows, lm_head.weight, lm_head.bias, targets, row_weight, cap,
+                                                       self.loss_chunk_size)
+            ntp_loss = (ce[:n_ntp].sum() / ntp_den).detach()
+            ce_all, ok_all = ce[n_ntp:], hit[n_ntp:].float()
+            aux_loss = (ce_all.sum() / aux_den).detach()
+        else:
+            ntp_ce = F.cross_entropy(out.logits.float(), ntp_labels[keep], reduction="none")  # (N,)
+            ntp_loss = ntp_ce.sum() / ntp_den
+            ces, oks = [], []
+            for rows, tgt in zip(head_rows, head_tgt):
+                logits = self._project(rows)                                            # (n_k, V)
+                ces.append(F.cross_entropy(logits.float(), tgt, reduction="none"))
+                with torch.no_grad():
+                    oks.append((logits.gather(1, tgt[:, None]).squeeze(1) >= logits.amax(-1)).float())
+            ce_all, ok_all = torch.cat(ces), torch.cat(oks)
+            aux_loss = ce_all.sum() / aux_den
+            loss = ntp_loss if a == 0 else (1.0 - a) * ntp_loss + a * aux_loss
+        with torch.no_grad():
+            loss_k = [float(c.sum()) for c in ce_all.detach().split(count_k)]
+            acc_k = [float(o.sum()) for o in ok_all.split(count_k)]
+        cnt = torch.tensor(count_k, device=dev, dtype=torch.float32)
         den = cnt.clamp(min=1)
         return MuToROutput(
             loss=loss, ntp_loss=ntp_loss, reg_loss=aux_loss,
-            reg_accuracy=torch.cat(correct).sum() / max(n_aux, 1),
+            reg_accuracy=ok_all.sum() / max(n_aux, 1),
             reg_loss_per_offset=torch.tensor(loss_k, device=dev) / den,
             reg_accuracy_per_offset=torch.tensor(acc_k, device=dev) / den,
             reg_count_per_offset=cnt, num_registers=n_aux, num_ntp_tokens=n_ntp,

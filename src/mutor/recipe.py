@@ -96,8 +96,8 @@ class Recipe:
     name: Optional[str] = field(default=None, metadata={"help": "Run name (default: the recipe file's name)."})
     loss_chunk_size: Optional[int] = field(
         default=None, metadata={"help": "Compute the output projection and cross-entropy in chunks of this many rows "
-                                        "(the (N, V) logits are never held at once), for mutor and for the next_token "
-                                        "baseline alike. None: the model's own head."})
+                                        "(the (N, V) logits are never held at once), for every method alike (mutor, "
+                                        "next_token, multi_token). None: the model's own head."})
     prefix_attention: str = field(
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
                                             "every method (the paper's fine-tuning setting)."})

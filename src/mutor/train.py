@@ -128,7 +128,8 @@ def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: Ta
         if "prefix_attention" in recipe.multi_token:
             raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
         return MultiTokenModel(base, MultiTokenConfig.from_dict({**recipe.multi_token,
-                                                                 "prefix_attention": recipe.prefix_attention}))
+                                                                 "prefix_attention": recipe.prefix_attention}),
+                               loss_chunk_size=recipe.loss_chunk_size)
     raise ValueError(f"unknown method {method!r}")
 
 
