@@ -43,13 +43,17 @@ class _FusedLinearCE(torch.autograd.Function):
                 logits = t * softcap
             else:
                 logits = z
-            lse = torch.logsumexp(logits, -1)                                          # (n,)
-            tl = logits.gather(1, tgt[:, None]).squeeze(1)
-            ce[s:s + chunk] = lse - tl
-            hit[s:s + chunk] = tl >= logits.amax(-1)
-            g = torch.softmax(logits, -1)                                              # d ce / d logits
-            g[torch.arange(len(tgt), device=g.device), tgt] -= 1.0
-            g *= row_weight[s:s + chunk, None]
+            # one max, one exp and one sum pass give the loss, the top-1 hit and the softmax; the
+            # (n, V) buffer is reused in place (logits are not needed once exponentiated)
+            m = logits.amax(-1, keepdim=True)                                          # (n, 1)
+            tl = logits.gather(1, tgt[:, None]).squeeze(1)                             # (n,)
+            hit[s:s + chunk] = tl >= m[:, 0]
+            g = logits.sub_(m).exp_()                                                  # (n, V)
+            total = g.sum(-1, keepdim=True)                                            # (n, 1)
+            ce[s:s + chunk] = (m + total.log())[:, 0] - tl
+            w = row_weight[s:s + chunk]
+            g.mul_(w[:, None] / total)                                                 # w * softmax
+            g[torch.arange(len(tgt), device=g.device), tgt] -= w                       # w * (softmax - onehot)
             if softcap:
                 g *= 1.0 - t * t                                                       # through tanh soft-capping
             g_lp = g.to(h.dtype)
