@@ -2,6 +2,7 @@
 
     python -m benchmarks.suite                       # CPU: small Llama, batch 8, prompt 64 + answer 512
     python -m benchmarks.suite --throughput          # + samples/s at batch 10, sequence 512, vs official-style
+    python -m benchmarks.suite --throughput --loss-chunk 1024 --rounds 3   # the figures in RESULTS.md
     python -m benchmarks.suite --gpu                 # ~1B Llama-shaped, bf16, flex_attention, seq 512/2048/8192
     python -m benchmarks.suite --tiny                # seconds; what the CI smoke test runs
 
@@ -29,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.step_time import PRESETS, environment, run_case, run_case_subprocess
+from benchmarks.step_time import PRESETS, environment, merge_rounds, run_case, run_case_subprocess
 
 CASES = ("plain", "mutor", "mutor_fixed", "multi_token", "official")
 GPU_MODEL = dict(hidden=2048, layers=16, heads=32, intermediate=8192, vocab=32000)   # ~1.1B, Llama-shaped
@@ -57,16 +58,20 @@ def markdown(rows: list[dict], title: str) -> str:
 
 
 def run_shape(model: dict, batch: int, prompt: int, answer: int, args, cases=CASES, say=print) -> list[dict]:
-    results = {}
-    for case in cases:
-        spec = dict(case=case, answer_length=answer, prompt_length=prompt, batch_size=batch, repeats=args.repeats,
-                    warmup=args.warmup, threads=args.threads, seed=0, d_max=4, loss_weight=0.3, model=model,
-                    fixed_registers=args.fixed_registers or max(1, answer // 4), device=args.device,
-                    loss_chunk=args.loss_chunk)
-        r = run_case(spec) if args.isolation == "inprocess" else run_case_subprocess(spec)
-        results[case] = r
-        say(f"#   {case:<12s} batch {batch} x {prompt}+{answer}: {r['median_ms']:9.1f} ms  peak +{r['peak_mb']:.1f} MB "
-            f"({r['registers']} extra tokens)")
+    runs: dict = {c: [] for c in cases}
+    rounds = getattr(args, "rounds", 1)
+    for rnd in range(rounds):
+        # alternate the order, so that a change in machine load hits every case alike
+        for case in cases if rnd % 2 == 0 else cases[::-1]:
+            spec = dict(case=case, answer_length=answer, prompt_length=prompt, batch_size=batch,
+                        repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=0, d_max=4,
+                        loss_weight=0.3, model=model, fixed_registers=args.fixed_registers or max(1, answer // 4),
+                        device=args.device, loss_chunk=args.loss_chunk)
+            r = run_case(spec) if args.isolation == "inprocess" else run_case_subprocess(spec)
+            runs[case].append(r)
+            say(f"#   {case:<12s} batch {batch} x {prompt}+{answer} round {rnd}: {r['median_ms']:9.1f} ms  "
+                f"peak +{r['peak_mb']:.1f} MB ({r['registers']} extra tokens)")
+    results = {c: merge_rounds(rs) for c, rs in runs.items()}
     return [_row(c, results[c], results["plain"], batch) for c in cases]
 
 
@@ -79,9 +84,12 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--fixed-registers", type=int, default=None, help="mutor_fixed registers per row (default A/4)")
     p.add_argument("--loss-chunk", type=int, default=None,
-                   help="MuToRModel(loss_chunk_size=N) for the mutor cases (default: off; --gpu: 1024)")
+                   help="loss_chunk_size=N for every case but official (default: off; --gpu: 1024)")
     p.add_argument("--attn", choices=["sdpa", "eager", "flex_attention"], default=None,
                    help="attention implementation (default: sdpa on CPU, flex_attention with --gpu)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every case this many times (fresh processes, order alternating) and take the median "
+                        "over all timed steps: on a noisy machine, 3 gives ratios that a single pass does not")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)

@@ -13,6 +13,7 @@ from benchmarks.official_style import interleave, official_example_loss
 
 def test_tiny_suite_has_every_case(tmp_path):
     out = suite.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--repeats", "1", "--warmup", "0",
+                      "--rounds", "2", "--loss-chunk", "16",
                       "--json-out", str(tmp_path / "s.json"), "--markdown-out", str(tmp_path / "s.md")])
     rows = out[0]["rows"]
     assert [r["case"] for r in rows] == list(suite.CASES)
