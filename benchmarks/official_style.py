@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 
 
-def interleave(labels_row: torch.Tensor, d: int):
-    """Order of the interleaved sequence: ('tok', t) and ('reg', t) entries, registers after their source."""
-    lab = labels_row.tolist()
+def interleave(labels_row, d: int):
+    """Order of the interleaved sequence: ('tok', t) and ('reg', t) entries, registers after their source.
+
+    ``labels_row``: a (T,) tensor or the list of its values (host-side bookkeeping, no device sync per token)."""
+    lab = labels_row.tolist() if torch.is_tensor(labels_row) else list(labels_row)
     T = len(lab)
     order = []
     for t in range(T):
@@ -29,10 +31,10 @@ def interleave(labels_row: torch.Tensor, d: int):
 def official_example_loss(model, register_vector: torch.Tensor, ids_row: torch.Tensor, labels_row: torch.Tensor,
                           d: int, loss_weight: float) -> tuple[torch.Tensor, int]:
     """The loss of one example (interleaved registers, dense float mask, full logits) and its register count."""
-    order = interleave(labels_row.cpu(), d)          # host-side bookkeeping: no device sync per token
+    lab = labels_row.tolist()                        # host-side bookkeeping: one device sync per example
+    order = interleave(lab, d)
     L = len(order)
     dev = ids_row.device
-    lab = labels_row.tolist()
     is_reg_l = [k == "reg" for k, _ in order]
     src_l = [t for _, t in order]
     pos_l = [t + d - 1 if r else t for r, t in zip(is_reg_l, src_l)]

@@ -59,8 +59,7 @@ def markdown(rows: list[dict], title: str) -> str:
 
 def run_shape(model: dict, batch: int, prompt: int, answer: int, args, cases=CASES, say=print) -> list[dict]:
     runs: dict = {c: [] for c in cases}
-    rounds = getattr(args, "rounds", 1)
-    for rnd in range(rounds):
+    for rnd in range(args.rounds):
         # alternate the order, so that a change in machine load hits every case alike
         for case in cases if rnd % 2 == 0 else cases[::-1]:
             spec = dict(case=case, answer_length=answer, prompt_length=prompt, batch_size=batch,

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -69,3 +69,12 @@ def replace_directory(dest: PathLike, fill: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def run_json_files(model_dir: PathLike, name: str) -> Iterator[dict]:
+    """The JSON file ``name`` of a run, parsed: from ``model_dir`` itself, then from its parent
+    (a ``checkpoint-N`` directory inside the run), for each of the two that has it."""
+    for d in (Path(model_dir), Path(model_dir).parent):
+        f = d / name
+        if f.is_file():
+            yield json.loads(f.read_text())

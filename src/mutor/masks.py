@@ -102,7 +102,9 @@ def block_mask(layout: RegisterLayout, window: Optional[int] = None, compile: Op
 
     B, L = layout.position_ids.shape
     dev = layout.position_ids.device
-    build = _compiled_create_block_mask() if (dev.type == "cuda" if compile is None else compile) else create_block_mask
+    if compile is None:
+        compile = dev.type == "cuda"
+    build = _compiled_create_block_mask() if compile else create_block_mask
     return build(_mask_mod(layout, window), B, None, L, L, device=dev)
 
 

@@ -277,21 +277,14 @@ class MuToRModel(nn.Module):
 
     def _chunked_loss(self, inputs_embeds, mask, position_ids, keep, targets, is_reg, ntp_den, reg_den, ctx, kwargs):
         """Decoder hidden states at loss rows, then projection + cross-entropy in chunks (mutor.loss)."""
-        from .loss import fused_linear_cross_entropy
+        from .loss import head_cross_entropy
 
         inner = _inner_model(self.base_model)
         with ctx:
             hs = inner.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids,
                                      use_cache=False, **kwargs).last_hidden_state                # (B, L, C)
-        rows = hs[keep]                                                                    # (N, C)
-        a = self.mutor_config.loss_weight
-        w_ntp = (1.0 - a) / ntp_den if a else 1.0 / ntp_den
-        row_weight = torch.where(is_reg, torch.as_tensor(a / reg_den, device=rows.device, dtype=torch.float32),
-                                 torch.as_tensor(w_ntp, device=rows.device, dtype=torch.float32))
-        head = inner.get_output_embeddings()
-        cap = getattr(inner.config, "final_logit_softcapping", None)
-        return fused_linear_cross_entropy(rows, head.weight, head.bias, targets, row_weight, cap,
-                                          self.loss_chunk_size)
+        return head_cross_entropy(inner, hs[keep], targets, is_reg, self.mutor_config.loss_weight, ntp_den,
+                                  reg_den, self.loss_chunk_size)
 
     # ------------------------------------------------------------ checkpoints
     def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:

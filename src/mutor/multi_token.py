@@ -163,13 +163,13 @@ class MultiTokenModel(nn.Module):
         ntp_labels = torch.full_like(labels, IGNORE_INDEX)
         ntp_labels[:, :-1] = labels[:, 1:]                                              # (B, T)
         keep = ntp_labels != IGNORE_INDEX
-        layers, _, _ = _parts(_inner_model(self.base_model))
+        inner = _inner_model(self.base_model)
+        layers, norm, _ = _parts(inner)
         captured: dict = {}
 
         def grab(module, args, kw):
             captured["args"], captured["kwargs"] = args, kw
 
-        inner = _inner_model(self.base_model)
         chunked = self.loss_chunk_size is not None
         handle = layers[-1].register_forward_pre_hook(grab, with_kwargs=True)
         try:
@@ -200,17 +200,13 @@ class MultiTokenModel(nn.Module):
         aux_den = num_registers_in_batch if num_registers_in_batch is not None else max(n_aux, 1)
         a = cfg.loss_weight
         if chunked:
-            from .loss import fused_linear_cross_entropy
+            from .loss import head_cross_entropy
 
-            _, norm, lm_head = _parts(inner)
             rows = torch.cat([hs[keep]] + [norm(r) for r in head_rows])                # (N + n_aux, C)
             targets = torch.cat([ntp_labels[keep]] + head_tgt)
-            w_ntp = (1.0 - a) / ntp_den if a else 1.0 / ntp_den
-            row_weight = torch.cat([torch.full((n_ntp,), float(w_ntp), device=dev),
-                                    torch.full((n_aux,), float(a / aux_den), device=dev)])
-            cap = getattr(inner.config, "final_logit_softcapping", None)
-            loss, ce, hit = fused_linear_cross_entropy(rows, lm_head.weight, lm_head.bias, targets, row_weight, cap,
-                                                       self.loss_chunk_size)
+            is_aux = torch.arange(n_ntp + n_aux, device=dev) >= n_ntp
+            loss, ce, hit = head_cross_entropy(inner, rows, targets, is_aux, a, ntp_den, aux_den,
+                                               self.loss_chunk_size)
             ntp_loss = (ce[:n_ntp].sum() / ntp_den).detach()
             ce_all, ok_all = ce[n_ntp:], hit[n_ntp:].float()
             aux_loss = (ce_all.sum() / aux_den).detach()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -25,13 +24,11 @@ def add_parser(sub) -> None:
 
 def _layout(model_dir: Path):
     from .image.data import ImageLayout
+    from .io import run_json_files
 
-    for d in (model_dir, model_dir.parent):
-        f = d / "task_info.json"
-        if f.is_file():
-            info = json.loads(f.read_text())
-            if "image_layout" in info:
-                return ImageLayout(**info["image_layout"])
+    for info in run_json_files(model_dir, "task_info.json"):
+        if "image_layout" in info:
+            return ImageLayout(**info["image_layout"])
     raise SystemExit(f"mutor sample: no task_info.json with an image layout in {model_dir} or its parent; "
                      "is this a run of an image task (digits, image_codes)?")
 

@@ -87,16 +87,21 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
     return _positions(model.to(dtype), m, task)
 
 
+def _rotary_grid(task: TaskData) -> dict:
+    """``use_rotary_2d`` arguments for the task's token grid (also what ``task_info.json`` records)."""
+    grid = task.mutor_overrides
+    if "grid_width" not in grid:
+        raise ValueError("model.rotary_2d needs an image task (digits, image_codes): this task has no token grid")
+    return {"width": int(grid["grid_width"]), "grid_start": int(grid.get("grid_start", 0))}
+
+
 def _positions(model: torch.nn.Module, m, task: TaskData) -> torch.nn.Module:
     """``model.rotary_2d``: swap in 2D rotary positions over the task's grid."""
     if not m.rotary_2d:
         return model
-    grid = task.mutor_overrides
-    if "grid_width" not in grid:
-        raise ValueError("model.rotary_2d needs an image task (digits, image_codes): this task has no token grid")
     from .image.rotary2d import use_rotary_2d
 
-    return use_rotary_2d(model, grid["grid_width"], grid.get("grid_start", 0))
+    return use_rotary_2d(model, **_rotary_grid(task))
 
 
 def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
@@ -215,9 +220,7 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
                            processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
     info = {"task": r.data["task"], **task.info}
     if r.model.rotary_2d:
-        from .image.rotary2d import rotary_2d_info
-
-        info.update(rotary_2d_info(task.mutor_overrides["grid_width"], task.mutor_overrides.get("grid_start", 0)))
+        info["rotary_2d"] = _rotary_grid(task)          # read back by image.rotary2d.apply_saved_rotary_2d
     write_json_atomic(output_dir / "task_info.json", info)
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback

@@ -18,8 +18,6 @@ Checkpoints stay vanilla (``config.json`` says plain RoPE): the grid is saved in
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -84,20 +82,14 @@ def use_rotary_2d(model: nn.Module, width: int, grid_start: int = 1) -> nn.Modul
     return model
 
 
-def rotary_2d_info(width: int, grid_start: int) -> dict:
-    """What ``task_info.json`` records for :func:`apply_saved_rotary_2d`."""
-    return {"rotary_2d": {"width": int(width), "grid_start": int(grid_start)}}
-
-
 def apply_saved_rotary_2d(model: nn.Module, model_dir) -> Optional[dict]:
     """After ``from_pretrained(model_dir)``: restore 2D rotary positions if the run used them.
 
-    Looks for ``task_info.json`` in ``model_dir`` and its parent (a checkpoint inside a run)."""
-    for d in (Path(model_dir), Path(model_dir).parent):
-        f = d / "task_info.json"
-        if f.is_file():
-            spec = json.loads(f.read_text()).get("rotary_2d")
-            if spec:
-                use_rotary_2d(model, **spec)
-            return spec
-    return None
+    Reads ``task_info.json`` from ``model_dir`` or its parent (a checkpoint inside a run)."""
+    from ..io import run_json_files
+
+    info = next(run_json_files(model_dir, "task_info.json"), {})
+    spec = info.get("rotary_2d")
+    if spec:
+        use_rotary_2d(model, **spec)
+    return spec
