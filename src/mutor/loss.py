@@ -9,6 +9,10 @@ final soft-capping, the cross-entropy *and its gradients* chunk by chunk in the 
 ``(N, C)`` and ``dL/dweight`` ``(V, C)`` for the backward pass, which merely scales them. The
 matrix products are the same three an unchunked projection costs; peak memory holds one chunk.
 
+Only the gradients that are needed are computed: under ``torch.no_grad`` (evaluation) none (the
+log-sum-exp only: no gradient buffer, one matrix product per chunk), with a frozen output layer (LoRA) no
+``dL/dweight`` (neither its fp32 ``(V, C)`` buffer nor its vocabulary-sized product).
+
 Only the weighted total is differentiable; per-row cross-entropies and top-1 hits come back
 detached for the metrics.
 """
@@ -23,55 +27,74 @@ __all__ = ["fused_linear_cross_entropy", "head_cross_entropy"]
 
 
 class _FusedLinearCE(torch.autograd.Function):
+    """Loss, CE and hits in the forward, with the gradients of the inputs that need one (see the module doc)."""
+
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, row_weight, softcap: Optional[float], chunk: int):
-        N = hidden.shape[0]
-        ce = torch.empty(N, dtype=torch.float32, device=hidden.device)
-        hit = torch.empty(N, dtype=torch.bool, device=hidden.device)
-        grad_h = torch.empty_like(hidden)                                              # (N, C)
-        grad_w = torch.zeros_like(weight, dtype=torch.float32)                         # (V, C)
-        grad_b = torch.zeros_like(bias, dtype=torch.float32) if bias is not None else None
-        for s in range(0, N, chunk):
-            h = hidden[s:s + chunk]                                                    # (n, C)
-            tgt = targets[s:s + chunk]
-            z = h @ weight.t()                                                         # (n, V)
-            if bias is not None:
-                z = z + bias
-            z = z.float()
-            if softcap:
-                t = torch.tanh(z / softcap)
-                logits = t * softcap
-            else:
-                logits = z
-            # one max, one exp and one sum pass give the loss, the top-1 hit and the softmax; the
-            # (n, V) buffer is reused in place (logits are not needed once exponentiated)
-            m = logits.amax(-1, keepdim=True)                                          # (n, 1)
-            tl = logits.gather(1, tgt[:, None]).squeeze(1)                             # (n,)
-            hit[s:s + chunk] = tl >= m[:, 0]
-            g = logits.sub_(m).exp_()                                                  # (n, V)
-            total = g.sum(-1, keepdim=True)                                            # (n, 1)
-            ce[s:s + chunk] = (m + total.log())[:, 0] - tl
-            w = row_weight[s:s + chunk]
-            g.mul_(w[:, None] / total)                                                 # w * softmax
-            g[torch.arange(len(tgt), device=g.device), tgt] -= w                       # w * (softmax - onehot)
-            if softcap:
-                g *= 1.0 - t * t                                                       # through tanh soft-capping
-            g_lp = g.to(h.dtype)
-            grad_h[s:s + chunk] = g_lp @ weight
-            grad_w += (g_lp.t() @ h).float()
-            if grad_b is not None:
-                grad_b += g.sum(0)
-        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype), None if grad_b is None else grad_b.to(bias.dtype))
-        ctx.has_bias = bias is not None
-        loss = (ce * row_weight).sum()
+        # apply() is only reached with grad mode on (see fused_linear_cross_entropy), where
+        # needs_input_grad is exactly "this input requires grad"
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        loss, ce, hit, grads = _chunked_ce(hidden, weight, bias, targets, row_weight, softcap, chunk,
+                                           need_h, need_w, need_b and bias is not None)
+        ctx.save_for_backward(*grads)
         ctx.mark_non_differentiable(ce, hit)
         return loss, ce, hit
 
     @staticmethod
     def backward(ctx, g_loss, _g_ce, _g_hit):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        return (grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype),
-                grad_b * g_loss.to(grad_b.dtype) if ctx.has_bias else None, None, None, None, None)
+        scaled = [None if g is None else g * g_loss.to(g.dtype) for g in (grad_h, grad_w, grad_b)]
+        return (*scaled, None, None, None, None)
+
+
+def _chunked_ce(hidden, weight, bias, targets, row_weight, softcap, chunk, need_h: bool, need_w: bool, need_b: bool):
+    """``(loss, ce, hit, (grad_h, grad_w, grad_b))``, chunk by chunk; a gradient not asked for is None and
+    costs nothing: no buffer, no matrix product (with none asked for, no softmax either)."""
+    N = hidden.shape[0]
+    ce = torch.empty(N, dtype=torch.float32, device=hidden.device)
+    hit = torch.empty(N, dtype=torch.bool, device=hidden.device)
+    grad_h = torch.empty_like(hidden) if need_h else None                                   # (N, C)
+    grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None              # (V, C)
+    grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None                # (V,)
+    need_logit_grad = need_h or need_w or need_b
+    for s in range(0, N, chunk):
+        h = hidden[s:s + chunk]                                                            # (n, C)
+        tgt = targets[s:s + chunk]
+        z = h @ weight.t()                                                                 # (n, V)
+        if bias is not None:
+            z = z + bias
+        z = z.float()
+        if softcap:
+            t = torch.tanh(z / softcap)
+            logits = t * softcap
+        else:
+            logits = z
+        # one max, one exp and one sum pass give the loss, the top-1 hit and the softmax; the
+        # (n, V) buffer is reused in place (logits are not needed once exponentiated)
+        m = logits.amax(-1, keepdim=True)                                                  # (n, 1)
+        tl = logits.gather(1, tgt[:, None]).squeeze(1)                                     # (n,)
+        hit[s:s + chunk] = tl >= m[:, 0]
+        g = logits.sub_(m).exp_()                                                          # (n, V)
+        total = g.sum(-1, keepdim=True)                                                    # (n, 1)
+        ce[s:s + chunk] = (m + total.log())[:, 0] - tl
+        if not need_logit_grad:
+            continue
+        w = row_weight[s:s + chunk]
+        g.mul_(w[:, None] / total)                                                         # w * softmax
+        g[torch.arange(len(tgt), device=g.device), tgt] -= w                               # w * (softmax - onehot)
+        if softcap:
+            g *= 1.0 - t * t                                                               # through tanh soft-capping
+        g_lp = g.to(h.dtype)
+        if need_h:
+            grad_h[s:s + chunk] = g_lp @ weight                                            # (n, C)
+        if need_w:
+            grad_w += (g_lp.t() @ h).float()                                               # (V, C)
+        if need_b:
+            grad_b += g.sum(0)                                                             # (V,)
+    loss = (ce * row_weight).sum()
+    grads = (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+             None if grad_b is None else grad_b.to(bias.dtype))
+    return loss, ce, hit, grads
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -81,10 +104,20 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias:
 
     ``weight``/``bias`` are the output layer's; ``softcap`` applies ``cap * tanh(z / cap)`` to the logits
     (Gemma 2's final soft-capping). ``row_weight`` carries the loss weighting and normalisation.
+    Gradients are computed (in this call) only for the inputs that require grad, and none under
+    ``torch.no_grad`` (evaluation): a frozen output layer (LoRA) costs no ``(V, C)`` buffer and no
+    vocabulary-sized gradient product.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 (got {chunk})")
-    return _FusedLinearCE.apply(hidden, weight, bias, targets, row_weight.float(), softcap, int(chunk))
+    row_weight = row_weight.float()
+    differentiable = [t for t in (hidden, weight, bias) if t is not None and t.requires_grad]
+    if not (torch.is_grad_enabled() and differentiable):
+        # Function.apply reports needs_input_grad=True under no_grad too, so it is not used here
+        loss, ce, hit, _ = _chunked_ce(hidden.detach(), weight.detach(), None if bias is None else bias.detach(),
+                                       targets, row_weight, softcap, int(chunk), False, False, False)
+        return loss, ce, hit
+    return _FusedLinearCE.apply(hidden, weight, bias, targets, row_weight, softcap, int(chunk))
 
 
 def head_cross_entropy(model, hidden: torch.Tensor, targets: torch.Tensor, is_aux: torch.Tensor, aux_weight: float,
