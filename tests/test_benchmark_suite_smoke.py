@@ -39,5 +39,7 @@ def test_official_style_objective_matches_mutor():
     d = 2
     out = model(input_ids=ids, labels=labels, offset_index=torch.tensor([d - 1]))
     ref, n = official_example_loss(base, model.register_embeddings.weight[0], ids[0], labels[0], d, 0.3)
-    assert n == out.num_registers == sum(1 for k, _ in interleave(labels[0], d) if k == "reg")
+    assert n == out.num_registers
+    # the reference interleaves a register before each of the 9 answer tokens; the last d-1 have no target
+    assert sum(1 for k, _ in interleave(labels[0], d) if k == "reg") == 9 == n + d - 1
     torch.testing.assert_close(ref, out.loss, atol=1e-5, rtol=1e-5)

@@ -105,13 +105,14 @@ def batches(draw, max_b: int = 4, max_t: int = 24):
 def configs(draw):
     num_registers = draw(st.sampled_from([None, None, 1, 2, 3, 5]))
     prefix = draw(st.sampled_from(["causal", "bidirectional"]))
+    placement = draw(st.sampled_from(["within_answer", "within_answer", "supervised_target"]))
     if draw(st.booleans()):
         w = draw(st.integers(2, 5))
         return MuToRConfig(d_max_2d=draw(st.integers(2, w)), grid_width=w, grid_start=draw(st.integers(0, 2)),
-                           num_registers=num_registers, prefix_attention=prefix)
+                           num_registers=num_registers, prefix_attention=prefix, register_placement=placement)
     d_max = draw(st.integers(1, 5))
     return MuToRConfig(d_max=d_max, min_offset=draw(st.integers(1, d_max)), num_registers=num_registers,
-                       prefix_attention=prefix)
+                       prefix_attention=prefix, register_placement=placement)
 
 
 # ----------------------------------------------------------------------------- naive reference
@@ -157,6 +158,11 @@ def naive_eligible(config, labels, am, pos, doc, choice_idx) -> list[int]:
         if labels[tgt] == IGN or am[tgt] != 1 or am[t] != 1:
             continue
         if doc[t] != doc[tgt]:
+            continue
+        # the paper (3.3): "we interleave register tokens only within the answer sequence" - the official
+        # code puts a register before each answer token, i.e. after x_t only when x_{t+1} is in the answer
+        if config.register_placement == "within_answer" and (labels[t + 1] == IGN or am[t + 1] != 1
+                                                             or doc[t + 1] != doc[t]):
             continue
         if config.d_max_2d is not None:
             if pos[t] < config.grid_start:
@@ -361,3 +367,42 @@ def test_num_registers_sampling_varies_with_seed():
     seen = {tuple(call(Batch(labels.tolist(), [[1] * 40], [list(range(40))], False, False), config,
                        torch.tensor([0]), s).reg_source[0].tolist()) for s in range(10)}
     assert len(seen) > 1
+
+
+# ----------------------------------------------------------------------------- the paper's placement rule
+def test_registers_sit_only_within_the_answer():
+    """Paper 3.3 on one prompt/answer row: [p0..p4 | a0..a6], d=3. The official code builds
+    [p0..p4, r, a0, r, a1, ...]: the registers follow p4, a0, ..., a3 (each one before an answer token
+    whose successor-at-d is still in the answer). The older rule also placed them after p2 and p3."""
+    labels = torch.tensor([[IGN] * 5 + list(range(10, 17))])
+    lay = build_layout(labels, MuToRConfig(d_max=3, min_offset=3), offset_index=torch.tensor([0]))
+    assert lay.reg_source[0].tolist() == [4, 5, 6, 7, 8]                    # p4, a0..a3
+    assert lay.reg_labels[0].tolist() == [12, 13, 14, 15, 16]               # a2..a6
+    old = build_layout(labels, MuToRConfig(d_max=3, min_offset=3, register_placement="supervised_target"),
+                       offset_index=torch.tensor([0]))
+    assert old.reg_source[0].tolist() == [2, 3, 4, 5, 6, 7, 8]              # d-1 = 2 more, in the prompt
+
+
+def test_star_graph_registers_are_not_in_the_prompt():
+    """G(2,3)-like row: prompt (graph, start, goal, '=') then a 3-node path + eos as the answer."""
+    prompt, path = [7, 8, 9, 8, 10, 7, 11, 7, 10, 3], [7, 9, 10, 2]
+    labels = torch.tensor([[IGN] * len(prompt) + path])
+    for d in (2, 3):
+        lay = build_layout(labels, MuToRConfig(d_max=3, min_offset=2), offset_index=torch.tensor([d - 2]))
+        src = lay.reg_source[0][lay.reg_valid[0]].tolist()
+        assert min(src) == len(prompt) - 1 and all(labels[0, t + 1] != IGN for t in src)
+        assert len(src) == len(path) - d + 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch=batches(), d_max=st.integers(1, 5), n=st.sampled_from([None, 2]), prefix=st.sampled_from(
+    ["causal", "bidirectional"]), seed=st.integers(0, 2**31 - 1), two_d=st.booleans())
+def test_placement_rules_coincide_when_every_token_is_supervised(batch, d_max, n, prefix, seed, two_d):
+    """Pretraining data (every real token supervised, packed or padded): both rules place the same registers."""
+    sup = Batch([[tok if a else IGN for tok, a in zip(range(100, 100 + len(r)), am)]
+                 for r, am in zip(batch.labels, batch.am)], batch.am, batch.pos, batch.pass_am, batch.pass_pos)
+    kw = dict(d_max_2d=2, grid_width=3, grid_start=1) if two_d else dict(d_max=d_max)
+    lays = [call(sup, MuToRConfig(**kw, num_registers=n, prefix_attention=prefix, register_placement=p), None, seed)
+            for p in ("within_answer", "supervised_target")]
+    for name in ("position_ids", "limit", "reg_source", "reg_labels", "reg_valid", "offset_index"):
+        assert torch.equal(getattr(lays[0], name), getattr(lays[1], name)), name

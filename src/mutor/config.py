@@ -34,6 +34,16 @@ class MuToRConfig:
         metadata={"help": "None: one register after every eligible token. An int n: n registers per sequence "
                   "at eligible positions sampled at random (all of them if fewer are eligible)."},
     )
+    register_placement: str = field(
+        default="within_answer",
+        metadata={"help": "'within_answer' (the paper's rule, section 3.3; the official code builds "
+                  "[r, a1, r, a2, ...] after the prompt): a register follows x_t only when x_{t+1} is a "
+                  "supervised (answer) token, and is placed when its target x_{t+d} is supervised too, so no "
+                  "register sits in the prompt. 'supervised_target': a register after every x_t whose target "
+                  "x_{t+d} is supervised, including the last d-1 prompt tokens (mutor's rule before 2026-11; "
+                  "d-1 more registers per example). The two coincide when every token is supervised "
+                  "(pretraining, images)."},
+    )
     register_embedding: str = field(
         default="shared",
         metadata={"help": "'shared': one learnable register vector for all offsets (the paper's default). "
@@ -80,6 +90,8 @@ class MuToRConfig:
              and 0.0 <= float(self.loss_weight) < 1.0, "loss_weight", "must lie in [0, 1)")
         need(self.num_registers is None or (is_int(self.num_registers) and self.num_registers >= 1),
              "num_registers", "must be None (all eligible positions) or an integer >= 1")
+        need(self.register_placement in ("within_answer", "supervised_target"), "register_placement",
+             "must be 'within_answer' (the paper's rule) or 'supervised_target'")
         need(self.register_embedding in ("shared", "per_offset"), "register_embedding",
              "must be 'shared' or 'per_offset'")
         need(self.prefix_attention in ("causal", "bidirectional"), "prefix_attention",
@@ -94,6 +106,11 @@ class MuToRConfig:
             need(is_int(self.grid_width) and self.grid_width >= 1, "grid_width",
                  "must be a positive integer in 2D mode")
             need(self.d_max_2d <= self.grid_width, "d_max_2d", f"must be <= grid_width={self.grid_width}")
+            # 2D offsets are (d_h, d_w) in {1..d_max_2d}^2 without (1,1): the 1D knobs have no meaning there
+            need(self.d_max == 4, "d_max", "is a 1D knob; 2D mode samples (d_h, d_w) from {1..d_max_2d}^2 "
+                 "without (1,1), so leave d_max at its default (4) and set d_max_2d")
+            need(self.min_offset == 1, "min_offset", "is a 1D knob; 2D mode always excludes only (1,1), "
+                 "so leave min_offset at its default (1)")
 
     # ------------------------------------------------------------------ offsets
     @property

@@ -15,7 +15,12 @@ With ``loss_weight == 0`` no register is placed (only the attention rule, e.g. a
 bidirectional prefix, remains: that is how the next-token baseline trains with the
 paper's prefix attention). A register is *eligible* when its target is supervised (label != -100, not
 padding) and lies in the same document as ``x_t`` (documents come from
-``position_ids`` restarting, as in packed batches, and from padding). In 2D
+``position_ids`` restarting, as in packed batches, and from padding), and, under the
+paper's placement rule (``register_placement="within_answer"``, the default; paper 3.3:
+"we interleave register tokens only within the answer sequence", and the official code builds
+``[r, a1, r, a2, ...]`` after the prompt), when the next token ``x_{t+1}`` is supervised too:
+registers sit only within the answer, the first one after the last prompt token. With
+``"supervised_target"`` the last d-1 prompt tokens get registers as well. In 2D
 mode a register is placed only after grid tokens and only where its 2D
 target ``(row + d_h - 1, col + d_w - 1)`` is inside the grid: a target past
 the right edge would wrap to the next raster row, so it is not placed; one
@@ -136,6 +141,10 @@ def build_layout(
     tgt = ar + d[:, None]                                                           # (B, T)
     tgt_c = tgt.clamp(max=T - 1)
     eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
+    if config.register_placement == "within_answer":                                 # paper 3.3
+        next_supervised = torch.zeros_like(supervised)
+        next_supervised[:, :-1] = supervised[:, 1:] & (doc[:, 1:] == doc[:, :-1])   # (B, T): x_{t+1} is an answer token
+        eligible &= next_supervised
     if config.loss_weight == 0:
         eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing
     if config.is_2d:

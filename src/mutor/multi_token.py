@@ -189,7 +189,8 @@ class MultiTokenModel(nn.Module):
         rest = args[1:]
         head_rows, head_tgt = [], []
         for k, head in enumerate(self.heads, start=2):
-            lay = build_layout(labels, MuToRConfig(d_max=k, min_offset=k), attention_mask, position_ids)
+            lay = build_layout(labels, MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target"),
+                               attention_mask, position_ids)
             h = head(trunk, *rest, **kw)
             h = h[0] if isinstance(h, tuple) else h                                     # (B, T, C)
             head_rows.append(h[torch.arange(h.shape[0], device=dev)[:, None].expand_as(lay.reg_source)[lay.reg_valid],

@@ -78,7 +78,8 @@ def count_aux_targets(wrapper: torch.nn.Module, batch: dict) -> int:
     d_max = int(wrapper.multi_token_config.d_max)
     total = 0
     for k in range(2, d_max + 1):
-        total += build_layout(labels, MuToRConfig(d_max=k, min_offset=k), am, pos).num_registers
+        head_k = MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target")   # every x_t with x_{t+k} supervised
+        total += build_layout(labels, head_k, am, pos).num_registers
     return total
 
 
