@@ -57,6 +57,10 @@ def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None):
         k = int(out.layout.offset_index[b])
         d = cfg.raster_offset(choices[k])
         s = doc_start(batch, b, t)
+        if "labels" in batch and cfg.register_placement == "within_answer":
+            # the paper (3.3): registers only within the answer - x_{t+1} and the target x_{t+d} are answer tokens
+            lab = batch["labels"][b]
+            assert lab[t + 1] != -100 and lab[t + d] != -100, f"register after t={t} (d={d}) is outside the answer"
         ids = batch["input_ids"][b, s:t + 1]
         pos = torch.arange(t + 1 - s) if "position_ids" not in batch else batch["position_ids"][b, s:t + 1]
         reg_pos = int(pos[-1]) + d - 1
