@@ -67,6 +67,26 @@ def test_from_pretrained_restores_registers_and_config(tmp_path):
     torch.testing.assert_close(model.rng_state(), again.rng_state())
 
 
+def test_from_pretrained_takes_the_constructor_options(tmp_path):
+    """`attention` and `loss_chunk_size` reach the restored model (they are not saved) and keep the loss."""
+    cfg = MuToRConfig(d_max=3, loss_weight=0.4)
+    model = _trained(make_model("llama"), cfg)
+    model.save_pretrained(tmp_path / "ckpt")
+    plain = MuToRModel.from_pretrained(tmp_path / "ckpt").eval()
+    assert plain.attention == "auto" and plain.loss_chunk_size is None
+    again = MuToRModel.from_pretrained(tmp_path / "ckpt", attention="dense", loss_chunk_size=7).eval()
+    assert again.attention == "dense" and again.loss_chunk_size == 7
+    offsets = torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        a = plain(**padded_batch(), offset_index=offsets)
+        b = again(**padded_batch(), offset_index=offsets)
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="attention must be 'auto'"):
+        MuToRModel.from_pretrained(tmp_path / "ckpt", attention="flash")
+    with pytest.raises(ValueError, match="loss_chunk_size must be None or a positive integer"):
+        MuToRModel.from_pretrained(tmp_path / "ckpt", loss_chunk_size=0)
+
+
 def test_lora_checkpoint_is_a_peft_adapter(tmp_path):
     make_model("llama").save_pretrained(tmp_path / "base")
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")

@@ -7,6 +7,7 @@ import json
 
 
 def add_parser(sub) -> None:
+    from .devices import DTYPES
     from .eval.harness import EVAL_TASKS
 
     p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
@@ -28,6 +29,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prefix-attention", choices=["causal", "bidirectional"], default=None,
                    help="default: what the run was trained with (recipe.yaml / mutor_config.json), else causal")
     p.add_argument("--tokenizer", default=None, help="default: the model directory's tokenizer")
+    p.add_argument("--device", default=None, help="torch device to evaluate on (default: cuda when a GPU is "
+                                                 "visible, else cpu)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="dtype to load the model in (default: the "
+                                                                   "checkpoint's own)")
     p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(command="eval")
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("mutor eval --task run needs --model")
         out = args.output_dir or str(Path(args.model) / "eval" / "run-task")
         try:
-            result = evaluate_run_task(args.model, output_dir=out)
+            result = evaluate_run_task(args.model, output_dir=out, device=args.device, dtype=args.dtype)
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"mutor eval: {err}") from None
         if not args.quiet:
@@ -79,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.task not in EVAL_TASKS:
         raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(EVAL_TASKS)}, or 'run'")
     common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
-                  max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet)
+                  max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet,
+                  device=args.device, dtype=args.dtype)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:
         raise SystemExit("mutor eval: --limit and --batch-size must be >= 1")
     try:

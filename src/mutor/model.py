@@ -326,8 +326,13 @@ class MuToRModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,
+                        attention: str = "auto", loss_chunk_size: Optional[int] = None,
                         **model_kwargs: Any) -> "MuToRModel":
-        """Restore a MuToRModel saved by :meth:`save_pretrained` (a peft adapter directory works too)."""
+        """Restore a MuToRModel saved by :meth:`save_pretrained` (a peft adapter directory works too).
+
+        ``attention`` and ``loss_chunk_size`` are the constructor's (they are not saved: they change how
+        the loss is computed, not what is learned); ``model_kwargs`` go to the base model's ``from_pretrained``.
+        """
         path = Path(path)
         for f in (SIDECAR_CONFIG, SIDECAR_WEIGHTS):
             if not (path / f).is_file():
@@ -343,6 +348,6 @@ class MuToRModel(nn.Module):
                 from transformers import AutoModelForCausalLM
 
                 base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
-        model = cls(base, config)
+        model = cls(base, config, attention=attention, loss_chunk_size=loss_chunk_size)
         model.load_sidecar(path)
         return model

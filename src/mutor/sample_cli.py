@@ -7,6 +7,8 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    from .devices import DTYPES
+
     p = sub.add_parser("sample", help="sample class-conditional images (KV cache, CFG, temperature, top-k)",
                        description="Sample images from a model trained with an image task (digits, image_codes). "
                                    "Writes codes.npy, labels.npy and, for digits, one PNG grid per class.")
@@ -18,6 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="torch device to sample on (default: cuda when a GPU is visible, "
+                                                 "else cpu)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="dtype to load the model in (default: the "
+                                                                   "checkpoint's own)")
     p.add_argument("--output-dir", default=None, help="default: <model>/samples")
     p.set_defaults(command="sample")
 
@@ -36,8 +42,8 @@ def _layout(model_dir: Path):
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from .devices import load_causal_lm
     from .image.rotary2d import apply_saved_rotary_2d
     from .image.sample import sample_codes, save_grid_png
 
@@ -46,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     classes = args.classes if args.classes else list(range(layout.num_classes))
     if any(not 0 <= c < layout.num_classes for c in classes) or args.num_per_class < 1:
         raise SystemExit(f"mutor sample: classes must lie in [0, {layout.num_classes}) and --num-per-class >= 1")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    try:
+        model = load_causal_lm(model_dir, args.device, args.dtype)
+    except ValueError as err:
+        raise SystemExit(f"mutor sample: {err}") from None
     apply_saved_rotary_2d(model, model_dir)
     wanted = [c for c in classes for _ in range(args.num_per_class)]
     try:

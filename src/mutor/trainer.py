@@ -19,13 +19,14 @@ It overrides only what it must:
   ``Trainer.train(resume_from_checkpoint=...)`` then restores optimizer, scheduler, RNG states
   and data position as usual, so a resumed run continues exactly.
 
-A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) runs every
-``eval_steps`` and at the end; its numbers go through ``self.log`` (TensorBoard, progress bar,
+A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) runs at step 0, every
+``eval_steps`` (a fraction of ``max_steps`` when below 1, as Trainer reads it) and at the end; its numbers go through ``self.log`` (TensorBoard, progress bar,
 ``trainer_state.json``) with an ``eval_`` prefix.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -104,9 +105,19 @@ class _TaskEvalCallback(TrainerCallback):
         self._run(state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
-        every = args.eval_steps if args.eval_steps else None
-        if (every and state.global_step % int(every) == 0) or state.global_step >= state.max_steps:
+        every = eval_interval(args.eval_steps, state.max_steps)
+        if (every and state.global_step % every == 0) or state.global_step >= state.max_steps:
             self._run(state, control)
+
+
+def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
+    """``eval_steps`` in steps, resolved as Trainer resolves it: a value below 1 is a fraction of ``max_steps``
+    (``ceil(max_steps * eval_steps)``); None or 0 means no periodic evaluation."""
+    if not eval_steps:
+        return None
+    if eval_steps < 1:
+        return max(1, math.ceil(max_steps * eval_steps))
+    return int(eval_steps)
 
 
 class MuToRTrainer(Trainer):

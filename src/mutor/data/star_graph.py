@@ -191,7 +191,11 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
     or not; a model that ends every path with the goal can only be valid on the right arm).
     ``ntp_loss``: mean teacher-forced cross-entropy on answer tokens; ``a1_loss``: the same at
     ``a1`` only (ln(degree) for a model that knows the source's neighbours but not the way).
+    Batches are built on the CPU and sent to the model's device; the loss is taken in float32.
     """
+    from ..devices import model_device
+
+    dev = model_device(base)
     was_training = base.training
     base.eval()
     exact = hop = valid = 0
@@ -202,9 +206,10 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
             chunk = examples[i:i + batch_size]
             L = len(chunk[0].path)
             ids, mask = pad_left([ex.prompt_ids() for ex in chunk])
+            ids, mask = ids.to(dev), mask.to(dev)                                        # (B, P)
             out = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=L, min_new_tokens=L,
-                                do_sample=False, pad_token_id=PAD, eos_token_id=None)
-            gen = (out[:, ids.shape[1]:] - NUM_SPECIAL).tolist()
+                                do_sample=False, pad_token_id=PAD, eos_token_id=None)    # (B, P+L)
+            gen = (out[:, ids.shape[1]:] - NUM_SPECIAL).cpu().tolist()
             for ex, g in zip(chunk, gen):
                 exact += int(tuple(g) == ex.path)
                 hop += int(len(g) > 1 and g[1] == ex.path[1])
@@ -212,22 +217,22 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
 
             ds = StarGraphDataset(chunk)
             batch = PaddingCollator(pad_token_id=PAD)([ds[j] for j in range(len(ds))])
-            logits = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            targets = batch["labels"][:, 1:]
+            batch = {k: v.to(dev) for k, v in batch.items()}                             # each (B, T)
+            logits = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+            targets = batch["labels"][:, 1:]                                             # (B, T-1)
             ce = torch.nn.functional.cross_entropy(
                 logits[:, :-1].float().transpose(1, 2), targets, reduction="none", ignore_index=IGNORE_INDEX)
-            keep = targets != IGNORE_INDEX
+            keep = targets != IGNORE_INDEX                                               # (B, T-1)
             loss_sum += float(ce[keep].sum())
             n_tok += int(keep.sum())
             # a1 is the second answer token: one past the first supervised label of each row
-            first = keep.float().argmax(1)
-            a1_sum += float(ce[torch.arange(len(chunk)), first + 1].sum())
+            first = keep.float().argmax(1)                                               # (B,)
+            a1_sum += float(ce[torch.arange(len(chunk), device=dev), first + 1].sum())
     finally:
         base.train(was_training)
     n = len(examples)
     return {"solve_rate": exact / n, "first_hop": hop / n, "valid_path": valid / n,
             "ntp_loss": loss_sum / max(n_tok, 1), "a1_loss": a1_sum / n, "num_eval": n}
-
 
 
 _OPTIONS = {"degree", "path_len", "num_nodes", "num_train", "num_test", "eval_batch_size", "data_seed"}

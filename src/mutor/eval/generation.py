@@ -81,9 +81,10 @@ def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: 
     """Greedy completions (token ids, cut after eos) of one batch of tokenized prompts."""
     if prefix_attention not in ("causal", "bidirectional"):
         raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional' (got {prefix_attention!r})")
-    dev = next(model.parameters()).device
+    from ..devices import model_device
+
     ids, am = left_pad(prompt_ids, pad_id)
-    ids, am = ids.to(dev), am.to(dev)
+    ids, am = ids.to(model_device(model)), am.to(model_device(model))              # (B, P)
     if prefix_attention == "causal":
         out = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=False,
                              pad_token_id=pad_id, eos_token_id=eos_id, num_beams=1)
@@ -91,7 +92,7 @@ def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: 
     else:
         new = _decode_bidirectional(model, ids, am, max_new_tokens, eos_id, pad_id)
     result = []
-    for row in new.tolist():
+    for row in new.cpu().tolist():
         if eos_id is not None and eos_id in row:
             row = row[:row.index(eos_id)]
         result.append(row)

@@ -68,22 +68,26 @@ def get_eval_task(name: str) -> EvalTask:
 
 
 # ----------------------------------------------------------------- loading
-def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: str = "auto"):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: str = "auto",
+                             device: Optional[str] = None):
+    """The model (a peft adapter directory merged) in ``dtype`` on ``device`` (default: a GPU when there is
+    one; see :mod:`mutor.devices`), and its tokenizer with a pad token."""
+    from transformers import AutoTokenizer
+
+    from ..devices import load_causal_lm, resolve_device, resolve_dtype
 
     p = Path(path)
-    kw = {} if dtype == "auto" else {"dtype": getattr(torch, dtype)}
     if (p / "adapter_config.json").is_file():
         from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(p), **kw).merge_and_unload()
+        model = AutoPeftModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype)).merge_and_unload()
+        model = model.to(resolve_device(device)).eval()
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(p), **kw)
+        model = load_causal_lm(p, device, dtype)
     tok = AutoTokenizer.from_pretrained(tokenizer or str(p))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model.eval(), tok
+    return model, tok
 
 
 def run_info(path: str) -> dict:
@@ -121,14 +125,18 @@ def load_examples(task: EvalTask, split: str, data: Optional[str] = None, limit:
 def evaluate_model(task_name: str, model_path: str, split: str = "test", data: Optional[str] = None,
                    limit: Optional[int] = None, batch_size: int = 8, output_dir: Optional[str] = None,
                    prefix_attention: Optional[str] = None, max_new_tokens: Optional[int] = None,
-                   tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None) -> dict:
-    """Score one model on one split; returns the summary (also written to ``output_dir``)."""
+                   tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None,
+                   device: Optional[str] = None, dtype: str = "auto") -> dict:
+    """Score one model on one split; returns the summary (also written to ``output_dir``).
+
+    The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
+    ``model_and_tokenizer`` gives it, already placed."""
     from tqdm.auto import tqdm
 
     from .generation import greedy_generate
 
     task = get_eval_task(task_name)
-    model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer)
+    model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
     examples = load_examples(task, split, data, limit)
@@ -206,15 +214,16 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
 
 
 # ------------------------------------------------------- synthetic tasks
-def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrides: Optional[dict] = None) -> dict:
+def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrides: Optional[dict] = None,
+                      device: Optional[str] = None, dtype: str = "auto") -> dict:
     """Evaluate a model on the synthetic task it was trained on (star graphs, digits, ...).
 
     The task and its options come from the run's ``recipe.yaml`` (in the model directory or its
     parent), so held-out data and metrics are exactly those of training; ``overrides`` changes
-    task options (e.g. ``{"num_test": 2000}``).
+    task options (e.g. ``{"num_test": 2000}``). The model is loaded in ``dtype`` on ``device`` (default: a
+    GPU when there is one).
     """
     import yaml
-    from transformers import AutoModelForCausalLM
 
     from ..data.registry import build_task
 
@@ -230,9 +239,10 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     task = build_task(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
     if task.evaluator is None:
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
-    model = AutoModelForCausalLM.from_pretrained(str(p)).eval()
+    from ..devices import load_causal_lm
     from ..image.rotary2d import apply_saved_rotary_2d
 
+    model = load_causal_lm(p, device, dtype)
     apply_saved_rotary_2d(model, p)
     import torch
 

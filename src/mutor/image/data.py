@@ -128,7 +128,9 @@ class _EpochCallback(TrainerCallback):
 @torch.no_grad()
 def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, batch_size: int = 256) -> float:
     """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token."""
-    dev = next(model.parameters()).device
+    from ..devices import model_device
+
+    dev = model_device(model)
     total, n = 0.0, 0
     for i in range(0, len(codes), batch_size):
         c = torch.as_tensor(codes[i:i + batch_size], device=dev)

@@ -34,7 +34,9 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
         raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
     from transformers import DynamicCache
 
-    dev = next(model.parameters()).device
+    from ..devices import model_device
+
+    dev = model_device(model)
     K = layout.codebook_size
     out = []
     for i in range(0, len(classes), batch_size):

@@ -1,0 +1,54 @@
+"""Where evaluation and sampling run: the model's device, the device a command picks, the dtype it loads in.
+
+Every evaluator builds its inputs on the CPU (padding, collating, class tokens) and sends them to
+:func:`model_device` before the model sees them; everything read back goes ``.float().cpu()``
+before numpy or a metric, so a model on a GPU and in bfloat16 is evaluated exactly like one on the
+CPU in float32. ``mutor eval`` and ``mutor sample`` load their model on :func:`resolve_device`
+(the first GPU when there is one) in :func:`resolve_dtype` (the checkpoint's own by default).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+__all__ = ["DTYPES", "load_causal_lm", "model_device", "resolve_device", "resolve_dtype"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's inputs must be on: ``model.device`` (transformers, peft and mutor models have
+    it; with a ``device_map`` it is where the input embeddings are), else its first parameter's."""
+    dev = getattr(model, "device", None)
+    if dev is None:
+        dev = next(model.parameters()).device
+    return torch.device(dev)
+
+
+def resolve_device(device: Optional[Union[str, torch.device]] = None) -> torch.device:
+    """``device`` as given, else ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1): {err}") from None
+
+
+def resolve_dtype(dtype: Optional[str] = "auto") -> Union[str, torch.dtype]:
+    """``"auto"`` (the checkpoint's own dtype) or the ``torch.dtype`` named by one of :data:`DTYPES`."""
+    if dtype is None or dtype == "auto":
+        return "auto"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    return getattr(torch, dtype)
+
+
+def load_causal_lm(path, device: Optional[Union[str, torch.device]] = None, dtype: Optional[str] = "auto"):
+    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype``, on ``device`` (see above), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dt).to(dev).eval()
