@@ -248,13 +248,58 @@ def test_chunked_loss_applies_to_the_next_token_baseline_too():
     assert plain is base
 
 
-def test_packed_text_pretraining(tmp_path):
+def test_packed_text_pretraining(tmp_path, monkeypatch):
+    """Plain text trains packed: a training batch is one row of whole documents whose position ids
+    restart at 0, no register targets a token of another document, and the packed loss equals the
+    documents' losses computed one document at a time (same weights, same offset)."""
+    checked = []
+    real_forward = MuToRModel.forward
+
+    def spy(self, input_ids, attention_mask=None, labels=None, position_ids=None, offset_index=None, **kw):
+        if self.training and not checked:
+            checked.append(_check_packed_batch(real_forward, self, input_ids, attention_mask, labels, position_ids,
+                                               offset_index))
+        return real_forward(self, input_ids, attention_mask=attention_mask, labels=labels, position_ids=position_ids,
+                            offset_index=offset_index, **kw)
+
+    monkeypatch.setattr(MuToRModel, "forward", spy)
     r = dict(RECIPE, data={"task": "text", "path": str(FIXTURE.parent / "text_tiny.jsonl"), "max_length": 64},
              training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,
                        "logging_steps": 1})
     out = run_recipe(r, quiet=True)
+    assert checked == [4]                                   # per_device_train_batch_size documents in one row
     hist = out["runs"][0]["train_history"]
-    assert hist and all(torch.isfinite(torch.tensor(h["loss"])) for h in hist)
+    assert len(hist) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in hist)
+
+
+@torch.no_grad()
+def _check_packed_batch(forward, model, ids, attention_mask, labels, pos, offset_index) -> int:
+    """Checks one packed training batch against its documents run one at a time; returns the document count."""
+    assert attention_mask is None and ids.shape[0] == 1 and pos is not None and offset_index is not None
+    starts = (pos[0] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
+    docs = list(zip(starts[:-1], starts[1:]))
+    assert len(docs) > 1 and starts[0] == 0
+    for a, b in docs:                                       # positions count 0, 1, ... inside each document
+        assert pos[0, a:b].tolist() == list(range(b - a)) and labels[0, a] == -100
+    packed = forward(model, ids, labels=labels, position_ids=pos, offset_index=offset_index, return_logits=True)
+    lay = packed.layout
+    d = model.mutor_config.raster_offset(model.mutor_config.offset_choices()[int(offset_index[0])])
+    src = lay.reg_source[0][lay.reg_valid[0]]                                       # (n_reg,) source indices
+    doc_of = torch.bucketize(torch.arange(ids.shape[1]), torch.tensor(starts[1:]), right=True)   # (T,)
+    assert lay.num_registers > 0 and bool((src + d < ids.shape[1]).all())
+    assert torch.equal(doc_of[src], doc_of[src + d])        # no register targets another document
+    assert torch.equal(lay.reg_labels[0][lay.reg_valid[0]], ids[0, src + d])
+    ntp = reg = 0.0
+    n_ntp = n_reg = 0
+    for a, b in docs:
+        doc_labels = labels[:, a:b].clone()
+        one = forward(model, ids[:, a:b], labels=doc_labels, offset_index=offset_index)
+        ntp, n_ntp = ntp + float(one.ntp_loss) * one.num_ntp_tokens, n_ntp + one.num_ntp_tokens
+        reg, n_reg = reg + float(one.reg_loss) * one.num_registers, n_reg + one.num_registers
+    assert (packed.num_ntp_tokens, packed.num_registers) == (n_ntp, n_reg)
+    assert float(packed.ntp_loss) == pytest.approx(ntp / n_ntp, rel=1e-5)
+    assert float(packed.reg_loss) == pytest.approx(reg / n_reg, rel=1e-5)
+    return len(docs)
 
 
 @pytest.mark.parametrize("bad, message", [
