@@ -110,3 +110,79 @@ def packed_batch(seed: int = 0, docs=((6, 2), (5, 0), (7, 3)), rows=2):
         labels[:, start:start + max(p, 1)] = -100
         start += n
     return {"input_ids": ids, "position_ids": pos, "labels": labels}
+
+
+# ----------------------------------------------------------------------------- the family matrix
+# Every further family, one row each: model_type -> (extra config kwargs, attention implementation,
+# what it exercises). Built from transformers' own config class with the tiny shape of `_common`;
+# tests/test_families.py checks both invariants on each (and README "Verified families" lists them).
+_MOE = dict(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_MIXED = dict(sliding_window=BIG_WINDOW, layer_types=["sliding_attention", "full_attention"])
+MORE_FAMILIES: dict[str, tuple[dict, str, str]] = {
+    "phi3": ({}, "sdpa", "fused qkv"),
+    "olmo2": ({}, "sdpa", "qk-norm"),
+    "olmo3": (_MIXED, "sdpa", "sliding + full layers"),
+    "granite": (dict(embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5,
+                     logits_scaling=4.0), "sdpa", "embedding / attention / residual / logit multipliers"),
+    "cohere": ({}, "sdpa", "parallel block, logit scale"),
+    "cohere2": (_MIXED, "sdpa", "sliding + full layers (NoPE on full layers)"),
+    "starcoder2": (dict(sliding_window=BIG_WINDOW), "sdpa", "sliding window, biases"),
+    "stablelm": ({}, "sdpa", "partial rotary (25%); attention not through AttentionInterface"),
+    "gemma": (dict(head_dim=16), "sdpa", "sqrt(hidden) embedding scale"),
+    "phi": ({}, "sdpa", "partial rotary (50%), parallel block"),
+    "gpt_neox": ({}, "sdpa", "partial rotary (25%), parallel residual"),
+    "persimmon": ({}, "sdpa", "partial rotary (50%), qk layer norm"),
+    "smollm3": (dict(no_rope_layers=[1, 0]), "sdpa", "NoPE layers mixed with rotary layers"),
+    "helium": (dict(head_dim=16), "sdpa", ""),
+    "glm4": (dict(head_dim=16), "sdpa", "partial rotary (50%), extra norms"),
+    "exaone4": (_MIXED, "sdpa", "sliding + full layers"),
+    "falcon": ({}, "sdpa", "rotary (alibi=False), parallel attention, multi-query; own sdpa call"),
+    "gpt_bigcode": ({}, "sdpa", "learned absolute positions, multi-query"),
+    "opt": (dict(ffn_dim=128, word_embed_proj_dim=64), "sdpa", "learned absolute positions (offset 2)"),
+    "mixtral": (dict(_MOE, sliding_window=BIG_WINDOW), "sdpa", "MoE, sliding window"),
+    "qwen3_moe": (_MOE, "sdpa", "MoE"),
+    "qwen2_moe": (dict(_MOE, shared_expert_intermediate_size=64), "sdpa", "MoE with a shared expert"),
+    "olmoe": (_MOE, "sdpa", "MoE"),
+    "gpt_oss": (dict(_MOE, sliding_window=BIG_WINDOW), "eager", "MoE, attention sinks, sliding + full layers"),
+}
+
+# Families refused at construction: model_type -> (extra config kwargs, what the message must say).
+REFUSED_FAMILIES: dict[str, tuple[dict, str]] = {
+    "bloom": ({}, "ALiBi"),
+    "mpt": ({}, "ALiBi"),
+    "falcon": (dict(alibi=True), "ALiBi"),
+    "mamba": ({}, "state-space"),
+    "falcon_mamba": ({}, "state-space"),
+    "rwkv": ({}, "state-space"),
+    "jamba": (dict(attn_layer_period=2, attn_layer_offset=1), "state-space"),
+    "bamba": ({}, "state-space"),
+    "falcon_h1": ({}, "state-space"),
+    "granitemoehybrid": ({}, "state-space"),
+    "qwen3_next": (dict(layer_types=["linear_attention", "full_attention"]), "state-space"),
+    "lfm2": (dict(layer_types=["conv", "full_attention"]), "convolution"),
+    "llama4_text": (dict(no_rope_layers=[1, 0], layer_types=["chunked_attention", "full_attention"]), "chunked"),
+}
+
+
+def _config(model_type: str, extra: dict):
+    from transformers import AutoConfig
+
+    kw = dict(_common, **extra)
+    return AutoConfig.for_model(model_type, **kw)
+
+
+def make_family(model_type: str, seed: int = 0):
+    """A tiny fp32 model of a MORE_FAMILIES row, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    extra, attn, _ = MORE_FAMILIES[model_type]
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(_config(model_type, extra), attn_implementation=attn).eval()
+
+
+def make_refused(name: str):
+    """A tiny model of a REFUSED_FAMILIES row (eager attention: most of them have no sdpa)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(_config(name, REFUSED_FAMILIES[name][0]), attn_implementation="eager")

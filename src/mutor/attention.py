@@ -20,6 +20,9 @@ the tests check against the dense path.
 function only for the duration of its own forward (:func:`split_attention_for`), and sets the
 number of regular tokens through a context variable; outside it (generation, evaluation, any
 other use of the base model) the model's own ``sdpa`` runs untouched.
+Models whose attention does not dispatch through the ``AttentionInterface`` (falcon, stablelm:
+``is_backend_compatible()`` is False) are never switched: falcon would take its eager code path
+and add the boolean mask. They run their own sdpa on the dense mask, which is exact.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .support import uses_attention_interface
 
 SPLIT_ATTENTION = "mutor_sdpa_split"
 
@@ -101,8 +106,12 @@ def split_attention_for(model, num_regular: int, masks) -> Iterator[None]:
     """Run ``model`` (a transformers model) with split attention for one forward.
 
     ``masks`` is the boolean mask (or dict of masks per layer type) that will be passed to it;
-    each is checked once here for an exactly causal regular block.
+    each is checked once here for an exactly causal regular block. A model whose attention does not
+    go through transformers' AttentionInterface runs unchanged (its own sdpa with the dense mask).
     """
+    if not uses_attention_interface(model):      # e.g. falcon: it would take its eager path with a boolean mask
+        yield
+        return
     register()
     state = _SplitState(num_regular)
     for m in (masks.values() if isinstance(masks, dict) else [masks]):
