@@ -1,0 +1,182 @@
+"""MuToRSFTTrainer: MuToR (or the Multi-Token baseline) inside TRL's ``SFTTrainer``.
+
+An SFTTrainer script changes in two lines: import ``MuToRSFTTrainer`` from here and pass
+``mutor_config=MuToRConfig(...)``. Everything SFTTrainer does before training is left to it:
+it builds the model from an id (``model_init_kwargs``), applies ``peft_config``, tokenizes
+prompt-completion, conversational and plain-text datasets, turns ``completion_only_loss`` /
+``assistant_only_loss`` into ``labels`` (-100 outside the completion / assistant turns), packs
+and picks the collator. Registers are then placed from those labels and, for packed or
+padding-free batches, from the per-document ``position_ids`` (mutor's layout: no register
+sits in a prompt or outside an assistant turn, none crosses a document).
+
+What is unusual:
+
+* The wrapper (:class:`~mutor.MuToRModel` or :class:`~mutor.multi_token.MultiTokenModel`) is
+  put around the model only *after* ``SFTTrainer.__init__`` has finished, so SFTTrainer sees a
+  plain transformers (or peft) model exactly as it would without mutor, including the fused
+  LM head it patches onto the model's forward (a ``fused_lm_head=False`` call, which is what
+  the wrapper makes, is the model's original forward).
+* The class order is ``MuToRSFTTrainer -> MuToRTrainer -> _WrapperLoss -> SFTTrainer ->
+  Trainer``: MuToRTrainer's overrides apply unchanged (offsets sampled once per optimizer step,
+  the register count of the whole accumulated batch as the register-loss denominator,
+  ntp/register/per-offset logs, checkpoints = vanilla model + sidecar, exact resume).
+* SFTTrainer's ``compute_loss`` calls the model with ``fused_lm_head=True`` and reads per-token
+  log-probabilities of the *next-token* head, which a MuToR forward (regular rows plus register
+  rows) cannot provide. With a wrapper the loss is therefore the wrapper's own
+  (``Trainer.compute_loss``, as in MuToRTrainer), and SFTTrainer's metrics are recomputed from
+  the wrapper's output on the regular tokens only: ``entropy`` and ``mean_token_accuracy`` from
+  the regular-token logits (MuToRModel without ``loss_chunk_size``; other wrappers return no
+  logits and these two are not logged), ``num_tokens`` as SFTTrainer counts it.
+* SFTTrainer features that change the next-token loss itself (``loss_type="dft"``,
+  ``compute_loss_func``, label smoothing, the MoE router loss) have no MuToR counterpart and are
+  refused by name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+from transformers import Trainer
+
+try:
+    from trl import SFTTrainer
+    from trl.trainer.utils import entropy_from_logits
+except ImportError as e:     # pragma: no cover - exercised only without the extra
+    raise ImportError("mutor.trl needs TRL: pip install 'mutor[trl]' (trl>=1.16)") from e
+
+from .config import MuToRConfig
+from .layout import IGNORE_INDEX
+from .model import MuToRModel
+from .multi_token import MultiTokenConfig, MultiTokenModel
+from .trainer import MuToRTrainer, aux_wrapper_types
+
+__all__ = ["MuToRSFTTrainer", "MuToRConfig", "MultiTokenConfig"]   # one import line for an SFTTrainer script
+
+logger = logging.getLogger(__name__)
+
+# what SFTTrainer's padding-free collator adds for varlen (flash) kernels; mutor builds its own mask from
+# position_ids, and a wrapper forwards unknown keys to the base model, which must not see them
+_VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "use_cache")
+
+
+class _WrapperLoss:
+    """``compute_loss`` / ``prediction_step`` for a wrapper; SFTTrainer's own for a plain model.
+
+    Sits between MuToRTrainer and SFTTrainer in the class order: MuToRTrainer.compute_loss adds the
+    register count and keeps the logged sums around this call.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.aux_wrapper() is None:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        inputs = {k: v for k, v in inputs.items() if k not in _VARLEN_KEYS}
+        w = self.aux_wrapper()
+        if isinstance(w, MuToRModel) and w.loss_chunk_size is None:
+            inputs["return_logits"] = True          # regular-token logits for entropy / token accuracy
+        loss, outputs = Trainer.compute_loss(self, model, inputs, return_outputs=True,
+                                             num_items_in_batch=num_items_in_batch)
+        self._record_sft_metrics(inputs, outputs)
+        return (loss, outputs) if return_outputs else loss
+
+    @torch.no_grad()
+    def _record_sft_metrics(self, inputs: dict, out) -> None:
+        """SFTTrainer's metrics (entropy, mean_token_accuracy, num_tokens) on the regular tokens only."""
+        mode = "train" if self.model.training else "eval"
+        metrics, gather = self._metrics[mode], self.accelerator.gather_for_metrics
+        if out.logits is not None and out.layout is not None:
+            lay = out.layout
+            targets = torch.cat([lay.ntp_labels, lay.reg_labels], 1)                     # (B, T+R)
+            keep = targets != IGNORE_INDEX                                               # rows of out.logits
+            is_reg = torch.cat([torch.zeros_like(lay.ntp_labels, dtype=torch.bool), lay.reg_valid], 1)[keep]
+            logits = out.logits[~is_reg]                                                 # (n_ntp, V)
+            tgt = targets[keep][~is_reg]                                                 # (n_ntp,)
+            n = gather(torch.tensor(len(tgt), device=logits.device)).sum()
+            ent = gather(entropy_from_logits(logits.float()).sum()).sum()
+            hit = gather((logits.argmax(-1) == tgt).sum()).sum()
+            metrics["entropy"].append((ent / n).item() if n > 0 else 0.0)
+            metrics["mean_token_accuracy"].append((hit / n).item() if n > 0 else 0.0)
+        if mode == "train":      # SFTTrainer's count: every token of the batch, padding excluded
+            ids = inputs["input_ids"]
+            local = inputs["attention_mask"].sum() if "attention_mask" in inputs else \
+                torch.tensor(ids.numel(), device=ids.device)
+            self._total_train_tokens += int(gather(local).sum()) // self._tp_size
+        else:                    # training logs these through MuToRTrainer's token-weighted sums
+            metrics["ntp_loss"].append(float(out.ntp_loss))
+            if out.reg_loss is not None and out.num_registers:
+                metrics["reg_loss"].append(float(out.reg_loss))
+        metrics["num_tokens"] = [self._total_train_tokens]
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation: the wrapper's loss; logits for ``compute_metrics`` come from the plain model, as
+        SFTTrainer recomputes them with an extra forward."""
+        if self.aux_wrapper() is None:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs).detach()
+            if prediction_loss_only:
+                return loss, None, None
+            plain = {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids") if k in inputs}
+            logits = self.plain_model()(**plain, use_cache=False).logits                # (B, T, V)
+        return loss, logits, inputs.get("labels")
+
+
+class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
+    """``trl.SFTTrainer`` that trains MuToR (or the Multi-Token baseline).
+
+    Takes every argument ``SFTTrainer`` takes, plus ``mutor_config``: a :class:`~mutor.MuToRConfig`
+    (MuToR) or a :class:`~mutor.multi_token.MultiTokenConfig` (the Multi-Token baseline). ``model``
+    may also be an already built ``MuToRModel`` / ``MultiTokenModel`` (e.g. with ``loss_chunk_size``);
+    then ``mutor_config`` stays None and SFTTrainer works on its base model. ``task_evaluator`` is
+    MuToRTrainer's (held-out metrics of the plain model every ``eval_steps``).
+    """
+
+    def __init__(self, model: Union[str, nn.Module], args=None, *positional: Any,
+                 mutor_config: Optional[Union[MuToRConfig, MultiTokenConfig]] = None, **kwargs: Any):
+        wrapper = model if isinstance(model, aux_wrapper_types()) else None
+        if wrapper is not None and mutor_config is not None:
+            raise ValueError("MuToRSFTTrainer: pass either a MuToRModel/MultiTokenModel as `model` or `mutor_config`, "
+                             "not both (the wrapper already carries its config)")
+        if wrapper is None and not isinstance(mutor_config, (MuToRConfig, MultiTokenConfig)):
+            raise TypeError("MuToRSFTTrainer needs mutor_config=MuToRConfig(...) (or MultiTokenConfig(...) for the "
+                            f"Multi-Token baseline), got {type(mutor_config).__name__}; for plain SFT use "
+                            "trl.SFTTrainer")
+        _refuse_next_token_only_options(args, kwargs.get("compute_loss_func"))
+        super().__init__(wrapper.base_model if wrapper is not None else model, args, *positional, **kwargs)
+        if self.aux_loss_enabled:
+            raise ValueError("MuToRSFTTrainer: the MoE router auxiliary loss (router_aux_loss_coef) is not part of "
+                             "the MuToR objective; set router_aux_loss_coef=0.0")
+        if self.args.packing and self.args.packing_strategy == "wrapped":
+            logger.warning("packing_strategy='wrapped' gives no document boundaries (TRL's own behaviour): "
+                           "attention and register targets then run across documents; use 'bfd' to keep them apart")
+        base = self.model                      # built, peft-wrapped and fused-head-patched by SFTTrainer
+        if wrapper is None:
+            # Trainer seeded the global RNG in __init__ and draws the data order from it later: the register
+            # init must not consume it, or the run would see other batches than plain SFTTrainer with this seed
+            with torch.random.fork_rng(devices=[]):
+                wrapper = MuToRModel(base, mutor_config) if isinstance(mutor_config, MuToRConfig) \
+                    else MultiTokenModel(base, mutor_config)
+        else:
+            wrapper.base_model = base           # the same model, now possibly under SFTTrainer's peft adapter
+        self.model = self.model_wrapped = wrapper
+        self.callback_handler.model = wrapper
+        self.model_accepts_loss_kwargs = True  # the wrappers normalise by num_items_in_batch themselves
+
+
+def _refuse_next_token_only_options(args, compute_loss_func) -> None:
+    """SFTTrainer options that replace the next-token loss; MuToR's loss is the wrapper's own."""
+    if compute_loss_func is not None:
+        raise ValueError("MuToRSFTTrainer: compute_loss_func is not supported (the loss is (1-a)*L_ntp + a*L_reg, "
+                         "computed by the MuToR wrapper)")
+    if args is None:
+        return
+    if getattr(args, "loss_type", "nll") != "nll":
+        raise ValueError(f"MuToRSFTTrainer: loss_type={args.loss_type!r} is not supported; MuToR trains with "
+                         "loss_type='nll'")
+    if getattr(args, "label_smoothing_factor", 0.0):
+        raise ValueError("MuToRSFTTrainer: label_smoothing_factor must be 0 (MuToR's losses are plain "
+                         "cross-entropies)")
