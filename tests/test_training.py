@@ -29,7 +29,10 @@ def test_loss_weight_zero_is_the_plain_loss(family):
 def test_loss_is_the_weighted_sum():
     out = MuToRModel(make_model("llama"), MuToRConfig(loss_weight=0.3, seed=0))(**padded_batch())
     torch.testing.assert_close(out.loss, 0.7 * out.ntp_loss + 0.3 * out.reg_loss)
-    per = out.reg_loss_per_offset * out.reg_count_per_offset
+    absent = out.reg_count_per_offset == 0
+    assert out.reg_loss_per_offset[absent].isnan().all() and out.reg_accuracy_per_offset[absent].isnan().all()
+    assert not out.reg_loss_per_offset[~absent].isnan().any()
+    per = out.reg_loss_per_offset.nan_to_num(0.0) * out.reg_count_per_offset     # absent offsets: NaN, count 0
     torch.testing.assert_close(per.sum() / out.reg_count_per_offset.sum(), out.reg_loss.detach())
     assert int(out.reg_count_per_offset.sum()) == out.num_registers
 

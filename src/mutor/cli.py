@@ -3,12 +3,19 @@
 A command module exposes ``add_parser(subparsers)`` (which adds one subparser named after the
 command) and ``run(args) -> int``. Modules are imported only when needed, so ``mutor --help``
 and each command start quickly.
+
+User errors (:class:`~mutor.errors.MutorUserError`, any ``ValueError`` or ``FileNotFoundError``,
+a ``SystemExit`` with a message) end as one line on stderr, ``mutor <command>: <problem>``, and
+exit status 2; any other exception is a bug and keeps its traceback. ``mutor --debug ...`` or
+``MUTOR_DEBUG=1`` keeps the traceback of user errors too.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from typing import Optional, Sequence
 
 # command -> module with add_parser(sub) and run(args)
@@ -22,6 +29,8 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of user errors too (also MUTOR_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in dict.fromkeys(COMMANDS.values()):      # one module may add several commands
         importlib.import_module(module).add_parser(sub)
@@ -36,7 +45,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.overrides += extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return importlib.import_module(COMMANDS[args.command]).run(args)
+    debug = args.debug or os.environ.get("MUTOR_DEBUG", "") not in ("", "0")
+    try:
+        return importlib.import_module(COMMANDS[args.command]).run(args)
+    except SystemExit as err:
+        if debug or not isinstance(err.code, str):
+            raise
+        message = err.code
+    except (ValueError, FileNotFoundError) as err:     # MutorUserError is a ValueError
+        if debug:
+            raise
+        message = str(err)
+    prefix = f"mutor {args.command}: "
+    message = " ".join(message.split("\n"))
+    print(message if message.startswith(prefix) else prefix + message, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -53,10 +53,7 @@ def run(args: argparse.Namespace) -> int:
         from .eval.compare import collect_summaries, comparison_plot, comparison_table
         from .io import write_text_atomic
 
-        try:
-            summaries = collect_summaries(args.paths)
-        except FileNotFoundError as err:
-            raise SystemExit(f"mutor compare: {err}") from None
+        summaries = collect_summaries(args.paths)
         table = comparison_table(summaries, args.metrics)
         print(table)
         if args.output:
@@ -88,16 +85,13 @@ def run(args: argparse.Namespace) -> int:
                   device=args.device, dtype=args.dtype)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:
         raise SystemExit("mutor eval: --limit and --batch-size must be >= 1")
-    try:
-        if args.checkpoints:
-            result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
-                                          output_dir=args.output_dir, **common)
-        else:
-            out = args.output_dir or str(Path(args.model) / "eval" / f"{args.task}-{args.split}")
-            result = evaluate_model(args.task, args.model, split=args.split, data=args.data, output_dir=out,
-                                    **common)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"mutor eval: {err}") from None
+    if args.checkpoints:
+        result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
+                                      output_dir=args.output_dir, **common)
+    else:
+        out = args.output_dir or str(Path(args.model) / "eval" / f"{args.task}-{args.split}")
+        result = evaluate_model(args.task, args.model, split=args.split, data=args.data, output_dir=out,
+                                **common)
     if not args.quiet:
         print(json.dumps({k: v for k, v in result.items() if k != "per_checkpoint"}, indent=2))
     return 0

@@ -4,7 +4,8 @@ Everything mutor writes for users (results, summaries, plots, JSONL) goes throug
 :func:`atomic_write`: the content is written to a temporary sibling, then renamed into
 place, so an interrupted run never leaves a half-written file behind. Checkpoint
 directories are built whole beside their destination and swapped in
-(:func:`replace_directory`).
+(:func:`replace_directory`). :func:`run_json_files` and :func:`lora_base_dir` find what a run
+saved.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -69,6 +70,28 @@ def replace_directory(dest: PathLike, fill: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def lora_base_dir(adapter_dir: PathLike) -> Union[Path, str, None]:
+    """The base model of a peft adapter directory, as ``mutor train`` records it.
+
+    ``base_model_name_or_path`` in ``adapter_config.json``: an absolute path or Hub id is returned
+    as is; a relative path (``"base"``: the saved random-init base of a LoRA run) is looked up
+    beside the adapter, then one level up (a ``checkpoint-N`` inside the run). None when the adapter
+    records no base, or a relative one found nowhere.
+    """
+    adapter_dir = Path(adapter_dir)
+    name = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if name is None:
+        return None
+    if Path(name).is_absolute():
+        return Path(name)
+    for d in (adapter_dir, adapter_dir.parent):
+        if (d / name / "config.json").is_file():
+            return d / name
+    if Path(name).is_dir():
+        return Path(name)
+    return None if name == "base" else name          # else a Hub id
 
 
 def run_json_files(model_dir: PathLike, name: str) -> Iterator[dict]:

@@ -45,7 +45,8 @@ SIDECAR_WEIGHTS = "mutor.safetensors"
 
 @dataclass
 class MuToROutput(ModelOutput):
-    """What a MuToR forward returns. Per-offset tensors follow ``config.offset_choices()``."""
+    """What a MuToR forward returns. Per-offset tensors follow ``config.offset_choices()``; an offset with
+    no register in the batch (``reg_count_per_offset`` 0) has NaN loss and accuracy, not 0."""
 
     loss: Optional[torch.Tensor] = None
     ntp_loss: Optional[torch.Tensor] = None
@@ -266,7 +267,7 @@ class MuToRModel(nn.Module):
             count_k = torch.bincount(choice, minlength=K).float()
             loss_k = torch.zeros(K, device=dev).index_add_(0, choice, ce_reg.detach())
             acc_k = torch.zeros(K, device=dev).index_add_(0, choice, correct)
-            denom_k = count_k.clamp(min=1)
+            denom_k = torch.where(count_k > 0, count_k, torch.nan)   # no register of an offset: NaN, not 0
         return MuToROutput(
             loss=loss, ntp_loss=ntp_loss, reg_loss=reg_loss,
             reg_accuracy=correct.sum() / max(n_reg, 1),
@@ -340,10 +341,10 @@ class MuToRModel(nn.Module):
                                         "(a plain transformers checkpoint loads with AutoModelForCausalLM)")
         config = MuToRConfig.from_dict(json.loads((path / SIDECAR_CONFIG).read_text()))
         if base is None:
-            if (path / "adapter_config.json").is_file():
-                from peft import AutoPeftModelForCausalLM
+            if (path / "adapter_config.json").is_file():     # on its recorded base (also a saved random init)
+                from .errors import load_peft_model
 
-                base = AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, **model_kwargs)
+                base = load_peft_model(path, is_trainable=True, **model_kwargs)
             else:
                 from transformers import AutoModelForCausalLM
 

@@ -227,7 +227,7 @@ class MultiTokenModel(nn.Module):
             loss_k = [float(c.sum()) for c in ce_all.detach().split(count_k)]
             acc_k = [float(o.sum()) for o in ok_all.split(count_k)]
         cnt = torch.tensor(count_k, device=dev, dtype=torch.float32)
-        den = cnt.clamp(min=1)
+        den = torch.where(cnt > 0, cnt, torch.nan)          # a head with no target in the batch: NaN, not 0
         return MuToROutput(
             loss=loss, ntp_loss=ntp_loss, reg_loss=aux_loss,
             reg_accuracy=ok_all.sum() / max(n_aux, 1),

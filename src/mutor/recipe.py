@@ -6,8 +6,17 @@ A recipe has five blocks besides ``method`` and ``seed``: ``model`` (:class:`Mod
 ``training`` (``transformers.TrainingArguments`` fields). Every block is validated against the
 class that consumes it, so a misspelt key fails before anything is loaded, with its name.
 
+Values are type-checked against those classes' field annotations (:func:`check_fields`), so
+``training.max_steps=abc`` or ``seed=foo`` fails at load time naming the key, the value and the
+expected type, instead of as a ``TypeError`` deep inside transformers or numpy; a YAML syntax
+error names the file and line. All such errors are :class:`~mutor.errors.MutorUserError`.
+
 Command-line overrides are ``dotted.key=value`` with the value parsed as YAML
 (``training.learning_rate=1e-4``, ``method=[next_token,mutor]``, ``lora=null``).
+
+A run records the recipe of each method with :meth:`Recipe.for_run`: a named variant keeps its
+own name as ``method`` (``mutor_2d``, not ``mutor``), so every reader of the run (``mutor eval``,
+``mutor compare``) sees the run's own name.
 
 Recipes ship inside the package (``mutor/configs``; the repository's ``configs/`` is a link to
 it) and can be named without path or extension: ``star-graph`` finds ``configs/star-graph.yaml``.
@@ -17,7 +26,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -25,6 +37,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .config import MuToRConfig
+from .errors import MutorUserError
 
 __all__ = ["ModelArgs", "Recipe", "METHODS", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
 
@@ -48,8 +61,87 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def yaml_load(text: str):
-    return yaml.load(text, Loader=_Loader)
+def yaml_load(text: str, source: str = "YAML"):
+    """Parse ``text``; a syntax error is one :class:`MutorUserError` naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise MutorUserError(f"{source}:{where}: YAML syntax error: {problem}") from None
+
+
+# -------------------------------------------------------------- type checks
+def _describe(tp) -> str:
+    """``tp`` in words, for error messages."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(a) for a in args))
+    if origin is typing.Literal:
+        return f"one of {list(args)}"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return f"one of {[e.value for e in tp]}"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
+             tuple: "a list", dict: "a mapping"}
+    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
+
+
+def _matches(value, tp) -> bool:
+    """Whether a YAML value fits a field annotation (lenient where the annotation is not a plain type)."""
+    if tp is Any:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = [a for a in args if a is not Ellipsis]
+        return len(inner) != 1 or all(_matches(v, inner[0]) for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return isinstance(value, tp) or value in [e.value for e in tp]
+    return True                       # a nested config class and the like: its own constructor checks it
+
+
+def check_fields(values: dict, cls: type, block: str) -> None:
+    """Unknown keys and values of the wrong type in ``values`` (fields of dataclass ``cls``), by name."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        import difflib
+
+        close = {k: difflib.get_close_matches(k, list(fields), n=1) for k in unknown}
+        hint = "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
+        known = f"known: {sorted(fields)}" if len(fields) <= 20 else f"see the fields of {cls.__module__}.{cls.__name__}"
+        raise MutorUserError(f"recipe {block}: unknown key(s) {unknown} ({hint + '; ' if hint else ''}{known})")
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:                  # an annotation that does not resolve: leave the checks to the class
+        return
+    for k, v in values.items():
+        tp = hints.get(k, Any)
+        if not _matches(v, tp):
+            key = f"{block}.{k}" if block else k
+            raise MutorUserError(f"recipe {key}: expected {_describe(tp)}, got {v!r}")
+
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -122,8 +214,11 @@ class Recipe:
             known = {f.name for f in dataclasses.fields(ModelArgs)}
             unknown = sorted(set(self.model) - known)
             if unknown:
-                raise ValueError(f"recipe model: unknown key(s) {unknown}; known: {sorted(known)}")
+                raise MutorUserError(f"recipe model: unknown key(s) {unknown}; known: {sorted(known)}")
+            check_fields(self.model, ModelArgs, "model")
             self.model = ModelArgs(**self.model)
+        check_fields({k: getattr(self, k) for k in ("seed", "threads", "name", "loss_chunk_size",
+                                                    "prefix_attention")}, Recipe, "")
         if not isinstance(self.variants, dict):
             raise ValueError("recipe variants must be a mapping of name -> {method, mutor, multi_token}")
         for name, v in self.variants.items():
@@ -151,8 +246,39 @@ class Recipe:
         if "prefix_attention" in self.mutor and self.mutor["prefix_attention"] != self.prefix_attention:
             raise ValueError("set prefix_attention at the top of the recipe (it applies to every method), "
                              "not in the mutor block")
+        if self.loss_chunk_size is not None and self.loss_chunk_size < 1:
+            raise MutorUserError(f"recipe loss_chunk_size must be a positive integer or null "
+                                 f"(got {self.loss_chunk_size!r})")
+        from transformers import TrainingArguments
+
+        check_fields(self.training, TrainingArguments, "training")
+        if self.lora is not None:
+            self._validate_lora()
         for r in [self] + [self.for_method(n) for n in self.variants]:
             r._validate_mutor()          # now, with MuToRConfig's own messages
+            r._validate_multi_token()
+
+    def _validate_lora(self) -> None:
+        try:
+            from peft import LoraConfig
+        except ImportError:  # pragma: no cover
+            raise MutorUserError("recipe lora needs peft: pip install 'mutor[peft]'") from None
+        check_fields(self.lora, LoraConfig, "lora")
+        try:
+            LoraConfig(**{"task_type": "CAUSAL_LM", **self.lora})
+        except (TypeError, ValueError) as err:
+            raise MutorUserError(f"recipe lora: {err}") from None
+
+    def _validate_multi_token(self) -> None:
+        from .multi_token import MultiTokenConfig
+
+        if "prefix_attention" in self.multi_token:
+            raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
+                                 "not in the multi_token block")
+        try:
+            MultiTokenConfig.from_dict({**self.multi_token, "prefix_attention": self.prefix_attention})
+        except (TypeError, ValueError) as err:
+            raise MutorUserError(f"recipe multi_token: {err}") from None
 
     @property
     def methods(self) -> list[str]:
@@ -178,6 +304,17 @@ class Recipe:
         r.variants = {}
         return r
 
+    def for_run(self, method: str) -> "Recipe":
+        """The recipe a run of ``method`` records (its ``recipe.yaml``): only that method, under its own name.
+
+        A named variant stays a variant (``method: mutor_2d`` with ``variants: {mutor_2d: ...}``), so
+        the recorded method is the run's name and loading the file back gives the same run.
+        """
+        r = copy.deepcopy(self)
+        r.method = method
+        r.variants = {method: copy.deepcopy(self.variants[method])} if method in self.variants else {}
+        return r
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         return d
@@ -201,11 +338,11 @@ def find_recipe(name_or_path: Union[str, Path]) -> Path:
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ValueError(f"override {item!r} must look like key.sub=value")
+        raise MutorUserError(f"override {item!r} must look like key.sub=value")
     key, value = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
-        raise ValueError(f"override {item!r}: bad key {key!r}")
-    return key.split("."), yaml_load(value) if value != "" else None
+        raise MutorUserError(f"override {item!r}: bad key {key!r}")
+    return key.split("."), yaml_load(value, f"override {item!r}") if value != "" else None
 
 
 def apply_overrides(data: dict, overrides: Optional[list[str]]) -> dict:
@@ -230,15 +367,15 @@ def load_recipe(source: Union[str, Path, dict], overrides: Optional[list[str]] =
         data, name = copy.deepcopy(source), None
     else:
         path = find_recipe(source)
-        data = yaml_load(path.read_text()) or {}
+        data = yaml_load(path.read_text(), str(path)) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: a recipe must be a YAML mapping")
+            raise MutorUserError(f"{path}: a recipe must be a YAML mapping")
         name = path.stem
     data = apply_overrides(data, overrides)
     known = {f.name for f in dataclasses.fields(Recipe)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"recipe: unknown key(s) {unknown}; known: {sorted(known)}")
+        raise MutorUserError(f"recipe: unknown key(s) {unknown}; known: {sorted(known)}")
     for blk in ("mutor", "multi_token", "data", "training", "model"):
         if blk in data and data[blk] is None:
             data[blk] = {}

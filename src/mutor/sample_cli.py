@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 
@@ -39,11 +40,32 @@ def _layout(model_dir: Path):
                      "is this a run of an image task (digits, image_codes)?")
 
 
+@contextlib.contextmanager
+def _token_progress(model, n_images: int, batch_size: int, num_tokens: int):
+    """A progress bar (stderr) over the sampling forwards: one per generated token of each batch, counted
+    by a forward hook, so nothing in the sampler changes."""
+    from tqdm.auto import tqdm
+
+    n_batches = -(-n_images // max(batch_size, 1))
+    bar = tqdm(total=n_batches * num_tokens, desc=f"sampling {n_images} images", unit="tok")
+
+    def count(*_) -> None:                     # a hook that returned a value would replace the output
+        bar.update(1)
+
+    hook = model.register_forward_hook(count)
+    try:
+        yield bar
+    finally:
+        hook.remove()
+        bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
     from .devices import load_causal_lm
+    from .errors import from_pretrained
     from .image.rotary2d import apply_saved_rotary_2d
     from .image.sample import sample_codes, save_grid_png
 
@@ -53,15 +75,17 @@ def run(args: argparse.Namespace) -> int:
     if any(not 0 <= c < layout.num_classes for c in classes) or args.num_per_class < 1:
         raise SystemExit(f"mutor sample: classes must lie in [0, {layout.num_classes}) and --num-per-class >= 1")
     try:
-        model = load_causal_lm(model_dir, args.device, args.dtype)
+        model = from_pretrained(lambda name, **kw: load_causal_lm(name, args.device, args.dtype), str(model_dir),
+                                "--model")
     except ValueError as err:
         raise SystemExit(f"mutor sample: {err}") from None
     apply_saved_rotary_2d(model, model_dir)
     wanted = [c for c in classes for _ in range(args.num_per_class)]
     try:
-        codes = sample_codes(model, layout, wanted, cfg_scale=args.cfg_scale, temperature=args.temperature,
-                             top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed),
-                             batch_size=args.batch_size)
+        with _token_progress(model, len(wanted), args.batch_size, layout.num_tokens):
+            codes = sample_codes(model, layout, wanted, cfg_scale=args.cfg_scale, temperature=args.temperature,
+                                 top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed),
+                                 batch_size=args.batch_size)
     except ValueError as err:
         raise SystemExit(f"mutor sample: {err}") from None
     out = Path(args.output_dir or model_dir / "samples")

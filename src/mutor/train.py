@@ -12,19 +12,34 @@ parent directory also gets ``comparison.json``, ``comparison.md`` and ``curves.p
 ``resume=True`` continues every method from its last checkpoint (same data order, same
 offsets) and skips methods whose ``summary.json`` says they finished, so a long comparison can
 span several sessions.
+
+Guards, all before anything trains (:func:`check_run`): every block of the recipe is validated
+for every method (``TrainingArguments``, ``LoraConfig``, the methods' configs, the task name,
+data paths); a non-empty output directory is refused without ``resume`` (``overwrite=True``
+clears it first, if it holds only a mutor run); ``resume`` refuses a directory whose recorded
+``recipe.yaml`` or last checkpoint belongs to a different recipe. A launch that fails before
+its first checkpoint removes the directories it created.
+
+A method's name is the run's name everywhere it is recorded (``recipe.yaml``, ``summary.json``,
+``comparison.*``): a named variant such as ``mutor_2d`` is recorded as ``mutor_2d``, with its
+underlying method as ``base_method``. ``train_loss`` in ``summary.json`` is the mean over every
+step of the run, also when it was resumed (:meth:`~mutor.trainer.MuToRTrainer.whole_run_train_loss`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
-from .data.registry import TaskData, build_task
+from .data.registry import TaskData, build_task, registered_tasks
+from .errors import MutorUserError, from_pretrained
 from .io import atomic_write, write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
@@ -51,7 +66,8 @@ def build_tokenizer(recipe: Recipe):
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name)
+    tok = from_pretrained(AutoTokenizer.from_pretrained, name,
+                          "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer")
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token             # right padding is masked anyway
     return tok
@@ -66,8 +82,8 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
 
         if m.config_overrides:
             raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
-        return _positions(AutoModelForCausalLM.from_pretrained(m.name_or_path, dtype=dtype,
-                                                               attn_implementation=m.attn_implementation), m, task)
+        return _positions(from_pretrained(AutoModelForCausalLM.from_pretrained, m.name_or_path, "model.name_or_path",
+                                          dtype=dtype, attn_implementation=m.attn_implementation), m, task)
     from .testing import tiny_causal_lm
 
     if task.vocab_size is not None:
@@ -149,8 +165,8 @@ def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
     cfg.setdefault("task_type", "CAUSAL_LM")
     try:
         return get_peft_model(base, LoraConfig(**cfg))
-    except TypeError as err:
-        raise ValueError(f"recipe lora: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise MutorUserError(f"recipe lora: {err}") from None
 
 
 def training_arguments(recipe: Recipe, output_dir: Path):
@@ -163,8 +179,8 @@ def training_arguments(recipe: Recipe, output_dir: Path):
     args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
     try:
         return TrainingArguments(**args)
-    except TypeError as err:
-        raise ValueError(f"recipe training: {err} (fields of transformers.TrainingArguments)") from None
+    except (TypeError, ValueError) as err:
+        raise MutorUserError(f"recipe training: {err} (fields of transformers.TrainingArguments)") from None
 
 
 def count_parameters(model: torch.nn.Module) -> dict:
@@ -182,9 +198,106 @@ def _resolve_path(value, source_dir: Optional[str]):
     return str(cand) if cand.exists() else value
 
 
+def _method_dir(root: Path, methods: list[str], method: str) -> Path:
+    return root / method if len(methods) > 1 else root
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _is_mutor_run(root: Path) -> bool:
+    """Whether ``root`` holds only what ``mutor train`` writes (so ``overwrite`` may clear it)."""
+    ours = {"recipe.yaml", "summary.json", "comparison.json", "comparison.md", "curves.png", "task_info.json"}
+    return any((root / f).is_file() for f in ours) or any((d / "recipe.yaml").is_file() for d in root.iterdir()
+                                                          if d.is_dir())
+
+
+def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None:
+    """Everything that can be checked before any method trains; raises :class:`MutorUserError` naming the problem."""
+    methods = recipe.methods
+    if recipe.data["task"] not in registered_tasks():
+        raise MutorUserError(f"recipe data.task: unknown task {recipe.data['task']!r}; known: {registered_tasks()}")
+    for key in ("path", "eval_path"):
+        value = recipe.data.get(key)
+        if value is not None and not Path(_resolve_path(value, recipe.source_dir)).exists():
+            raise MutorUserError(f"recipe data.{key}: {value!r} does not exist (relative paths are looked up from "
+                                 f"the working directory, then from the recipe's directory {recipe.source_dir})")
+    for m in methods:
+        training_arguments(recipe.for_method(m), _method_dir(root, methods, m))
+    if root.exists() and not root.is_dir():
+        raise MutorUserError(f"training.output_dir {str(root)!r} is a file, not a directory")
+    if root.is_dir() and any(root.iterdir()) and not resume:
+        if not overwrite:
+            raise MutorUserError(f"training.output_dir {str(root)!r} is not empty (an earlier run?): continue it "
+                                 "with --resume, clear it with --overwrite, or choose another output directory")
+        if not _is_mutor_run(root):
+            raise MutorUserError(f"--overwrite: refusing to clear {str(root)!r}: it does not hold a mutor run (no "
+                                 "recipe.yaml); remove it yourself or choose another output directory")
+        shutil.rmtree(root)
+    if resume:
+        for m in methods:
+            _check_resumable(recipe, m, _method_dir(root, methods, m))
+
+
+def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
+    """``--resume`` continues only the run this recipe describes: same recorded recipe, a checkpoint of it."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    recorded = out / "recipe.yaml"
+    if not out.is_dir():
+        return
+    if recorded.is_file():
+        from .recipe import yaml_load
+
+        old = _flat({k: v for k, v in (yaml_load(recorded.read_text(), str(recorded)) or {}).items()
+                     if k != "source_dir"})
+        new = _flat({k: v for k, v in recipe.for_run(method).to_dict().items() if k != "source_dir"})
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if diff:
+            shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+            raise MutorUserError(f"--resume: {out} was trained with a different recipe ({shown}"
+                                 f"{', ...' if len(diff) > 5 else ''}); resume with the same recipe, or train into "
+                                 "another output directory")
+    elif any(out.glob("checkpoint-*")):
+        raise MutorUserError(f"--resume: {out} has checkpoints but no recipe.yaml: not a run of this recipe")
+    last = get_last_checkpoint(str(out))
+    state = Path(last) / "trainer_state.json" if last else None
+    if state is not None and state.is_file():
+        st = json.loads(state.read_text())
+        args = training_arguments(recipe.for_method(method), out)
+        if args.max_steps > 0 and (st.get("max_steps") != args.max_steps or st.get("global_step", 0) > args.max_steps):
+            raise MutorUserError(f"--resume: {last} is from a run of {st.get('max_steps')} steps (at step "
+                                 f"{st.get('global_step')}), not of this recipe's training.max_steps="
+                                 f"{args.max_steps}")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path):
+    """Remove ``path`` (created by this launch) if what runs inside fails before a checkpoint or summary exists."""
+    created = not path.exists()
+    try:
+        yield
+    except BaseException:
+        if created and path.is_dir() and not any(path.rglob("checkpoint-*")) and not any(path.rglob("summary.json")):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = False,
                  say=print, quiet: bool = False) -> dict:
     """Train one method; returns its summary (also written to ``output_dir/summary.json``)."""
+    with _removed_on_failure(output_dir):
+        return _train_method(recipe, method, output_dir, resume, say, quiet)
+
+
+def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, say, quiet: bool) -> dict:
     from transformers import set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -194,7 +307,7 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     r = recipe.for_method(method)
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(output_dir / "recipe.yaml", r.to_yaml())
+    write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
     set_seed(r.seed)
     tokenizer = build_tokenizer(r)
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
@@ -203,12 +316,19 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     packing = r.data.get("packing", task.packing)
     base = build_base_model(r, task, tokenizer)
     base_params = count_parameters(base)["total"]
+    random_base = bool(r.lora) and r.model.name_or_path is None
+    if random_base:
+        save_random_lora_base(base, output_dir)
     base = apply_lora(base, r.lora)
+    if random_base:
+        _record_lora_base(base, LORA_BASE_DIR)
+    elif r.lora and Path(r.model.name_or_path).is_dir():
+        _record_lora_base(base, str(Path(r.model.name_or_path).resolve()))
     lora_params = count_parameters(base)["total"] - base_params
     model = wrap_for_method(base, r, method, task)
     params = count_parameters(model)
     added = params["total"] - base_params - lora_params
-    say(f"[mutor train] {method}: base model {base_params:,} parameters"
+    say(f"[mutor train] {label}: base model {base_params:,} parameters"
         + (f", LoRA {lora_params:,}" if lora_params else "")
         + f"; added by the method {added:,}; trainable {params['trainable']:,}")
     if task.info:
@@ -229,15 +349,16 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
         trainer.remove_callback(ProgressCallback)
     last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
     if last:
-        say(f"[mutor train] {method}: resuming from {last}")
+        say(f"[mutor train] {label}: resuming from {last}")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - t0
     trainer.save_model(str(output_dir))
+    train_loss = trainer.whole_run_train_loss(last)
     summary = {
         "method": label, "base_method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
-        "global_step": trainer.state.global_step, "train_loss": result.training_loss,
-        "train_metrics": result.metrics, "wall_seconds": wall, "resumed_from": last,
+        "global_step": trainer.state.global_step, "train_loss": train_loss,
+        "train_metrics": {**result.metrics, "train_loss": train_loss}, "wall_seconds": wall, "resumed_from": last,
         "parameters": {"base": base_params, "lora": lora_params, "added_by_method": added, **params}, "data": task.info,
         "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
         "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
@@ -248,9 +369,32 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
     return summary
 
 
+LORA_BASE_DIR = "base"
+
+
+def save_random_lora_base(base: torch.nn.Module, output_dir: Path) -> None:
+    """LoRA on a random-init base: the base weights go to ``output_dir/base``, before LoRA wraps them.
+
+    peft saves only the adapter, with ``base_model_name_or_path`` null for a model built from a
+    config: without this copy the run could not be loaded at all. :func:`_record_lora_base` then
+    makes every adapter the run saves (checkpoints and the final one) record ``"base"``;
+    :func:`mutor.io.lora_base_dir` finds it beside the adapter or one level up (``checkpoint-N``).
+    """
+    base.save_pretrained(output_dir / LORA_BASE_DIR)
+
+
+def _record_lora_base(peft_model: torch.nn.Module, base: str) -> None:
+    """What every adapter of the run records as its base: ``"base"`` (the saved random init) or a local
+    base's absolute path (a relative one would only resolve from the training's working directory)."""
+    for cfg in peft_model.peft_config.values():
+        cfg.base_model_name_or_path = base
+
+
 def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[str]] = None,
-               resume: bool = False, quiet: bool = False) -> dict:
-    """Run every method of a recipe; returns ``{"recipe": ..., "runs": [summary, ...], "output_dir": ...}``."""
+               resume: bool = False, quiet: bool = False, overwrite: bool = False) -> dict:
+    """Run every method of a recipe; returns ``{"recipe": ..., "runs": [summary, ...], "output_dir": ...}``.
+
+    Refuses a non-empty output directory unless ``resume`` (continue it) or ``overwrite`` (clear it)."""
     recipe = source if isinstance(source, Recipe) else load_recipe(source, overrides)
     say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, flush=True))
     if quiet:
@@ -260,21 +404,23 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
+    root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
+    check_run(recipe, root, resume, overwrite)
     previous_threads = torch.get_num_threads()
     if recipe.threads is not None:
         torch.set_num_threads(recipe.threads)
     try:
-        return _run(recipe, resume, quiet, say)
+        with _removed_on_failure(root):
+            return _run(recipe, root, resume, quiet, say)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(recipe: Recipe, resume: bool, quiet: bool, say) -> dict:
-    root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
+def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
     methods = recipe.methods
     runs = []
     for method in methods:
-        out = root / method if len(methods) > 1 else root
+        out = _method_dir(root, methods, method)
         done = out / "summary.json"
         if resume and done.is_file() and json.loads(done.read_text()).get("finished"):
             say(f"[mutor train] {method}: finished earlier ({done}); skipping")
@@ -348,9 +494,19 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def comparison_title(runs: list[dict]) -> str:
+    """What the table shows: the final held-out evaluation, or (a task without a training-time evaluator,
+    such as the text benchmarks) training only, with the command that scores the runs."""
+    if any(_final_eval(r) for r in runs):
+        return "mutor train: methods compared (final held-out evaluation)"
+    task = next((r.get("task") for r in runs if r.get("task")), "TASK")
+    return (f"mutor train: methods compared (training only: task {task!r} has no held-out evaluation during "
+            f"training; score the runs with `mutor eval --task {task} --checkpoints RUN_DIR`)")
+
+
 def comparison_markdown(runs: list[dict]) -> str:
     header, rows = comparison_rows(runs)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [comparison_title(runs), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     text = "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
     v = verdict(runs)
     return text + (f"\n{v}\n" if v else "")
@@ -361,7 +517,7 @@ def print_comparison(runs: list[dict]) -> None:
     from rich.table import Table
 
     header, rows = comparison_rows(runs)
-    table = Table(title="mutor train: methods compared (final held-out evaluation)")
+    table = Table(title=comparison_title(runs))
     for c in header:
         table.add_column(c, justify="left" if c == "method" else "right")
     for r in rows:
@@ -378,8 +534,14 @@ def write_comparison(root: Path, recipe: Recipe, runs: list[dict]) -> None:
     plot_curves(runs, root / "curves.png", title=recipe.name)
 
 
-def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
-    """Primary held-out metric (if any) and training ntp loss over steps, one line per method."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def curves_figure(runs: list[dict], title: str = ""):
+    """The figure of :func:`plot_curves`. Each method has its own marker, line style and a shrinking
+    marker size, so identical curves (e.g. two methods on the same plateau) stay visible; a panel with
+    nothing to draw says why."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -389,20 +551,32 @@ def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
     panels = ([("eval", primary)] if primary else []) + [("train", "ntp_loss")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (kind, key) in zip(axes[0], panels):
-        for run in runs:
+        for i, run in enumerate(runs):
             if kind == "eval":
                 pts = [(h["eval_step"], h.get(f"eval_{key}")) for h in run.get("eval_history", [])]
             else:
                 pts = [(h["step"], h.get("ntp_loss", h.get("loss"))) for h in run.get("train_history", [])]
             pts = [(s, v) for s, v in pts if v is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=run["method"])
+                ax.plot(*zip(*pts), marker=MARKERS[i % len(MARKERS)], ms=max(7 - 1.5 * i, 2.5), mfc="none",
+                        ls=LINESTYLES[i % len(LINESTYLES)], color=f"C{i}", label=run["method"])
         ax.set_title(f"held-out {key}" if kind == "eval" else "training next-token loss", fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing logged" if kind == "eval" else "no training loss logged",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
+    """Primary held-out metric (if any) and training ntp loss over steps, one line per method."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(runs, title)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)

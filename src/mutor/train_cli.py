@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides (values are YAML)")
     p.add_argument("--resume", action="store_true",
                    help="continue each method from its last checkpoint; skip methods that finished")
+    p.add_argument("--overwrite", action="store_true",
+                   help="clear an existing output directory first (without it, a non-empty one is refused)")
     p.add_argument("--output-dir", default=None, help="shortcut for training.output_dir=...")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -30,10 +32,9 @@ def run(args: argparse.Namespace) -> int:
         args.recipe = DEFAULT_RECIPE
     if args.output_dir:
         overrides.append(f"training.output_dir={args.output_dir}")
-    try:
-        result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"mutor train: {err}") from None
+    if args.resume and args.overwrite:
+        raise SystemExit("mutor train: --resume and --overwrite exclude each other")
+    result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
     if not args.quiet:
         print(f"[mutor train] results in {result['output_dir']}")
     return 0

@@ -19,6 +19,12 @@ It overrides only what it must:
   ``Trainer.train(resume_from_checkpoint=...)`` then restores optimizer, scheduler, RNG states
   and data position as usual, so a resumed run continues exactly.
 
+Two additions for the run summary: the last step is always logged (so a run shorter than
+``logging_steps`` still has a training-loss record), and each checkpoint stores the running sum of
+the per-step training losses (``mutor_train_loss.json``), so :meth:`MuToRTrainer.whole_run_train_loss`
+is the mean over the whole run also after a resume (Trainer's own ``train_loss`` then covers only
+the steps since the resume).
+
 A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) runs at step 0, every
 ``eval_steps`` (a fraction of ``max_steps`` when below 1, as Trainer reads it) and at the end; its numbers go through ``self.log`` (TensorBoard, progress bar,
 ``trainer_state.json``) with an ``eval_`` prefix.
@@ -26,6 +32,7 @@ A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -42,6 +49,8 @@ from .layout import IGNORE_INDEX, build_layout, sample_offsets
 from .model import MuToRModel
 
 __all__ = ["MuToRTrainer", "aux_wrapper_types", "count_aux_targets"]
+
+TRAIN_LOSS_FILE = "mutor_train_loss.json"
 
 
 def aux_wrapper_types() -> tuple[type, ...]:
@@ -110,6 +119,14 @@ class _TaskEvalCallback(TrainerCallback):
             self._run(state, control)
 
 
+class _LogLastStep(TrainerCallback):
+    """Log at the last step too, so a run shorter than ``logging_steps`` records its training loss."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps and args.logging_strategy != "no":
+            control.should_log = True
+
+
 def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
     """``eval_steps`` in steps, resolved as Trainer resolves it: a value below 1 is a fraction of ``max_steps``
     (``ceil(max_steps * eval_steps)``); None or 0 means no periodic evaluation."""
@@ -135,6 +152,7 @@ class MuToRTrainer(Trainer):
         self._sums: dict[str, Any] = defaultdict(float)
         if task_evaluator is not None:
             self.add_callback(_TaskEvalCallback(self))
+        self.add_callback(_LogLastStep())
 
     # ----------------------------------------------------------------- helpers
     def aux_wrapper(self) -> Optional[torch.nn.Module]:
@@ -212,8 +230,9 @@ class MuToRTrainer(Trainer):
         if out.reg_count_per_offset is not None:
             cnt = out.reg_count_per_offset.detach().float().cpu()
             s["k_n"] = s["k_n"] + cnt
-            s["k_loss"] = s["k_loss"] + out.reg_loss_per_offset.detach().float().cpu() * cnt
-            s["k_acc"] = s["k_acc"] + out.reg_accuracy_per_offset.detach().float().cpu() * cnt
+            # NaN marks an offset absent from the batch: it adds nothing
+            s["k_loss"] = s["k_loss"] + out.reg_loss_per_offset.detach().float().cpu().nan_to_num(0.0) * cnt
+            s["k_acc"] = s["k_acc"] + out.reg_accuracy_per_offset.detach().float().cpu().nan_to_num(0.0) * cnt
 
     def _offset_names(self) -> list[str]:
         w = self.aux_wrapper()
@@ -238,6 +257,39 @@ class MuToRTrainer(Trainer):
         super().log(logs, start_time)
 
     # ------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:            # the run's loss sum so far (what Trainer's train_loss sums)
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            loss_sum = self._total_loss_scalar + float(self._tr_loss.item())
+            if folder.is_dir():
+                (folder / TRAIN_LOSS_FILE).write_text(json.dumps({"global_step": self.state.global_step,
+                                                                   "loss_sum": loss_sum}) + "\n")
+
+    def whole_run_train_loss(self, resumed_from: Optional[str] = None) -> float:
+        """Mean training loss per optimizer step over the whole run, after :meth:`train`.
+
+        Not resumed: Trainer's own ``train_loss``. Resumed from a checkpoint: the loss sum stored in
+        it (or, for a checkpoint without one, the losses logged up to it in its ``trainer_state.json``)
+        plus the sum since the resume, over all the steps they cover.
+        """
+        start = self._initial_global_step
+        done = self.state.global_step - start
+        if not resumed_from or start == 0:
+            return self._total_loss_scalar / max(done, 0.001)
+        stored = Path(resumed_from) / TRAIN_LOSS_FILE
+        if stored.is_file() and json.loads(stored.read_text()).get("global_step") == start:
+            before, steps_before = float(json.loads(stored.read_text())["loss_sum"]), start
+        else:                                # the logged window means, weighted by their lengths
+            before, steps_before, prev = 0.0, 0, 0
+            state = Path(resumed_from) / "trainer_state.json"
+            history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
+            for h in history:
+                if "loss" in h and "step" in h and prev < h["step"] <= start:
+                    before += float(h["loss"]) * (h["step"] - prev)
+                    steps_before, prev = h["step"], h["step"]
+        return (before + self._total_loss_scalar) / max(steps_before + done, 0.001)
+
     def _save(self, output_dir: Optional[str] = None, state_dict: Optional[dict] = None) -> None:
         w = self.aux_wrapper()
         if w is None:

@@ -49,7 +49,12 @@ def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_conf
         builder = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv", "txt": "text"}.get(ext)
         if builder is None:
             raise ValueError(f"data.path {p!r}: unsupported file type {ext!r} (use .jsonl, .json, .parquet, .csv, .txt)")
-        return datasets.load_dataset(builder, data_files=files, split="train")
+        if all(os.path.getsize(f) == 0 for f in files):
+            raise ValueError(f"data.path {p!r} is empty: no examples to read")
+        try:
+            return datasets.load_dataset(builder, data_files=files, split="train")
+        except (StopIteration, datasets.exceptions.DatasetGenerationError) as err:   # e.g. only blank lines
+            raise ValueError(f"data.path {p!r}: cannot read it as {builder} ({type(err).__name__}: {err})") from None
     if hub_id is None:
         raise ValueError("give data.path (a local file) or a Hub dataset id")
     return datasets.load_dataset(hub_id, hub_config, split=split)

@@ -76,15 +76,15 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
 
     from ..devices import load_causal_lm, resolve_device, resolve_dtype
 
-    p = Path(path)
-    if (p / "adapter_config.json").is_file():
-        from peft import AutoPeftModelForCausalLM
+    from ..errors import from_pretrained, load_peft_model
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype)).merge_and_unload()
+    p = Path(path)
+    if (p / "adapter_config.json").is_file():     # on its recorded base (a LoRA run's saved random init too)
+        model = load_peft_model(p, dtype=resolve_dtype(dtype)).merge_and_unload()
         model = model.to(resolve_device(device)).eval()
     else:
-        model = load_causal_lm(p, device, dtype)
-    tok = AutoTokenizer.from_pretrained(tokenizer or str(p))
+        model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
+    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(p), "tokenizer")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
@@ -236,13 +236,20 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     data = dict(r.get("data") or {})
     name = data.pop("task")
     data.pop("packing", None)
+    from ..data.templates import TASKS as TEXT_TASKS
+    from ..errors import MutorUserError, from_pretrained
+
+    if name in TEXT_TASKS or name in ("text", "prompt_completion"):
+        use = f"--task {name}" if name in EVAL_TASKS else f"--task with one of {sorted(EVAL_TASKS)}"
+        raise MutorUserError(f"{model_path} is a run of the text task {name!r}, not of a synthetic task "
+                             f"(--task run is for star_graph, digits, image_codes): use {use}")
     task = build_task(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
     if task.evaluator is None:
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
     from ..devices import load_causal_lm
     from ..image.rotary2d import apply_saved_rotary_2d
 
-    model = load_causal_lm(p, device, dtype)
+    model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
     apply_saved_rotary_2d(model, p)
     import torch
 
