@@ -39,6 +39,7 @@ from .config import SIDECAR_CONFIG, MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
+from .support import check_supported
 
 SIDECAR_WEIGHTS = "mutor.safetensors"
 
@@ -120,6 +121,7 @@ class MuToRModel(nn.Module):
         hf_config = getattr(inner, "config", None)
         if hf_config is None or not hasattr(inner, "get_input_embeddings"):
             raise TypeError(f"{name} is not a transformers PreTrainedModel; MuToRModel wraps *ForCausalLM models")
+        check_supported(inner)  # ALiBi, state-space / recurrent and chunked-attention families (mutor.support)
         for arg in ("inputs_embeds", "position_ids", "attention_mask"):
             if not _accepts(inner.forward, arg):
                 raise TypeError(f"{name}.forward does not accept `{arg}`; MuToR injects registers through "

@@ -38,6 +38,7 @@ from .io import replace_directory
 from .layout import IGNORE_INDEX, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
 from .model import MuToROutput, _inner_model, check_loss_chunking, prepare_inputs
+from .support import check_supported
 
 MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
@@ -91,6 +92,7 @@ class MultiTokenModel(nn.Module):
         super().__init__()
         self.multi_token_config = config if config is not None else MultiTokenConfig()
         inner = _inner_model(base)
+        check_supported(inner, "the Multi-Token baseline")   # same masks for packing / bidirectional prefix
         layers, _, _ = _parts(inner)
         check_loss_chunking(inner, loss_chunk_size, "MultiTokenModel")
         self.loss_chunk_size = loss_chunk_size
