@@ -104,6 +104,34 @@ def check_loss_chunking(inner: nn.Module, loss_chunk_size: Optional[int], owner:
                          "use loss_chunk_size=None (logits through the model's own head)")
 
 
+def split_gathered_state_dict(state_dict: dict, own_prefix: str, own_keys: list[str],
+                              owner: str) -> tuple[dict, dict]:
+    """Split a wrapper's full state dict (what FSDP / DeepSpeed ZeRO-3 gather for saving) in two.
+
+    Returns the base model's part with the ``base_model.`` prefix stripped (so it saves as a vanilla
+    transformers / peft checkpoint) and the wrapper's own part (``own_keys``, all under ``own_prefix``).
+    A tensor that is still a sharded DTensor, a missing wrapper key or a key of neither part is an error:
+    writing it would give a checkpoint with a shard or a placeholder in it.
+    """
+    base, own, stray = {}, {}, []
+    for k, v in state_dict.items():
+        if type(v).__name__ == "DTensor":
+            raise ValueError(f"{owner}.save_pretrained: state_dict[{k!r}] is a sharded DTensor, not a gathered "
+                             "tensor; pass the full state dict (FSDP state_dict_type FULL_STATE_DICT)")
+        if k.startswith("base_model."):
+            base[k[len("base_model."):]] = v
+        elif k.startswith(own_prefix):
+            own[k] = v
+        else:
+            stray.append(k)
+    missing = [k for k in own_keys if k not in own] + ([] if base else ["base_model.*"])
+    unexpected = stray + [k for k in own if k not in own_keys]
+    if missing or unexpected:
+        raise ValueError(f"{owner}.save_pretrained: state_dict is not this wrapper's full state dict: "
+                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return base, own
+
+
 class MuToRModel(nn.Module):
     """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
 
@@ -290,17 +318,27 @@ class MuToRModel(nn.Module):
                                   reg_den, self.loss_chunk_size)
 
     # ------------------------------------------------------------ checkpoints
-    def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:
+    def save_pretrained(self, save_directory: Union[str, os.PathLike], state_dict: Optional[dict] = None,
+                        **kwargs: Any) -> None:
         """Write the base model's own checkpoint plus the mutor sidecar, atomically.
 
         Everything goes to a temporary sibling directory first, which then replaces
         ``save_directory``: a crash never leaves a half-written checkpoint behind.
+        ``state_dict``: this wrapper's full state dict as FSDP / DeepSpeed ZeRO-3 gather it (keys
+        ``base_model.*`` and ``register_embeddings.weight``). Under those the live parameters are shards
+        or empty placeholders, so base model and sidecar are then both written from it.
         """
         from safetensors.torch import save_file
 
+        if state_dict is None:
+            base_sd, own = None, {"register_embeddings.weight": self.register_embeddings.weight}
+        else:
+            base_sd, own = split_gathered_state_dict(state_dict, "register_embeddings.",
+                                                     ["register_embeddings.weight"], "MuToRModel")
+
         def fill(tmp: Path) -> None:
-            self.base_model.save_pretrained(tmp, **kwargs)
-            tensors = {"register_embeddings.weight": self.register_embeddings.weight.detach().cpu().contiguous()}
+            self.base_model.save_pretrained(tmp, **({} if base_sd is None else {"state_dict": base_sd}), **kwargs)
+            tensors = {k: v.detach().cpu().contiguous() for k, v in own.items()}
             if self._generator is not None:
                 tensors["generator_state"] = self._generator.get_state()
             save_file(tensors, str(tmp / SIDECAR_WEIGHTS), metadata={"format": "pt", "library": "mutor"})

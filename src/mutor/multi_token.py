@@ -37,7 +37,7 @@ from .config import MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
-from .model import MuToROutput, _inner_model, check_loss_chunking, prepare_inputs
+from .model import MuToROutput, _inner_model, check_loss_chunking, prepare_inputs, split_gathered_state_dict
 from .support import check_supported
 
 MT_CONFIG = "multi_token_config.json"
@@ -239,13 +239,26 @@ class MultiTokenModel(nn.Module):
         )
 
     # ------------------------------------------------------------ checkpoints
-    def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:
-        """The base model's own checkpoint (heads dropped) plus a sidecar with the heads, atomically."""
+    def save_pretrained(self, save_directory: Union[str, os.PathLike], state_dict: Optional[dict] = None,
+                        **kwargs: Any) -> None:
+        """The base model's own checkpoint (heads dropped) plus a sidecar with the heads, atomically.
+
+        ``state_dict``: this wrapper's full state dict as FSDP / DeepSpeed ZeRO-3 gather it (keys
+        ``base_model.*`` and ``heads.*``); base model and heads are then both written from it, not from
+        the live parameters (shards or empty placeholders under those).
+        """
         from safetensors.torch import save_file
 
+        if state_dict is None:
+            base_sd, heads = None, self.heads.state_dict()
+        else:
+            names = [f"heads.{k}" for k in self.heads.state_dict()]
+            base_sd, own = split_gathered_state_dict(state_dict, "heads.", names, "MultiTokenModel")
+            heads = {k[len("heads."):]: v for k, v in own.items()}
+
         def fill(tmp: Path) -> None:
-            self.base_model.save_pretrained(tmp, **kwargs)
-            state = {k: v.detach().cpu().contiguous() for k, v in self.heads.state_dict().items()}
+            self.base_model.save_pretrained(tmp, **({} if base_sd is None else {"state_dict": base_sd}), **kwargs)
+            state = {k: v.detach().cpu().contiguous() for k, v in heads.items()}
             save_file(state, str(tmp / MT_WEIGHTS), metadata={"format": "pt", "library": "mutor"})
             (tmp / MT_CONFIG).write_text(json.dumps(asdict(self.multi_token_config), indent=2) + "\n")
 

@@ -16,6 +16,8 @@ It overrides only what it must:
 * ``log``: adds those running means (token-weighted over the logging window).
 * ``_save`` / ``_load_from_checkpoint``: a checkpoint is the base model saved exactly as
   transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both.
+  Under FSDP / DeepSpeed ZeRO-3 the live parameters are shards, so both parts are written from the
+  state dict Trainer gathers, and an FSDP resume loads the whole wrapper from FSDP's own file.
   ``Trainer.train(resume_from_checkpoint=...)`` then restores optimizer, scheduler, RNG states
   and data position as usual, so a resumed run continues exactly.
 
@@ -297,10 +299,12 @@ class MuToRTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        base_sd = None
-        if state_dict is not None:          # FSDP/DeepSpeed gather the wrapper's state dict for us
-            base_sd = {k[len("base_model."):]: v for k, v in state_dict.items() if k.startswith("base_model.")}
-        save_wrapper_into(w, output_dir, state_dict=base_sd)
+        if state_dict is not None and not state_dict:
+            raise ValueError("DeepSpeed ZeRO-3 did not gather the model's weights, so neither the base model nor "
+                             "the wrapper's own parameters can be saved: set zero3_save_16bit_model: true in the "
+                             "accelerate config (stage3_gather_16bit_weights_on_model_save in DeepSpeed's own)")
+        # under FSDP / DeepSpeed, Trainer gathers the wrapper's full state dict; the live parameters are shards
+        save_wrapper_into(w, output_dir, state_dict=state_dict)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
@@ -309,6 +313,19 @@ class MuToRTrainer(Trainer):
         target = self.accelerator.unwrap_model(model if model is not None else self.model)
         if not isinstance(target, aux_wrapper_types()):
             return super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+        if self.is_fsdp_enabled:
+            # FSDP's own resume file (pytorch_model_fsdp.bin, or its sharded folder) holds the whole wrapper,
+            # registers / heads included, and loads into the sharded parameters; the sidecar adds the generator
+            super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+            if isinstance(target, MuToRModel) and target.rng_state() is not None:
+                from safetensors.torch import load_file
+
+                from .model import SIDECAR_WEIGHTS
+
+                state = load_file(os.path.join(resume_from_checkpoint, SIDECAR_WEIGHTS))
+                if "generator_state" in state:
+                    target.set_rng_state(state["generator_state"])
+            return
         super()._load_from_checkpoint(resume_from_checkpoint, model=target.base_model)
         target.load_sidecar(resume_from_checkpoint)
 
