@@ -155,7 +155,7 @@ def test_token_metrics_are_those_of_the_regular_tokens(tmp_path):
 @pytest.mark.parametrize("fmt", list(FORMAT_ARGS))
 def test_each_dataset_format_trains_and_lowers_both_losses(tmp_path, fmt):
     base = tiny_causal_lm(V, seed=0)
-    args = _args(tmp_path, max_steps=6, logging_steps=3, bf16=fmt == "messages", **FORMAT_ARGS[fmt])  # and TRL's bf16
+    args = _args(tmp_path, max_steps=4, logging_steps=2, bf16=fmt == "messages", **FORMAT_ARGS[fmt])  # and TRL's bf16
     trainer = MuToRSFTTrainer(model=base, args=args,
                               train_dataset=dataset(fmt), processing_class=TOK,
                               mutor_config=MuToRConfig(d_max=3, loss_weight=0.3))
@@ -233,13 +233,13 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg):
 
 
 def test_resume_continues_exactly(tmp_path):
-    """6 steps straight == a run stopped after checkpoint-3 and resumed by a new trainer (offsets included)."""
+    """4 steps straight == a run stopped after checkpoint-2 and resumed by a new trainer (offsets included)."""
     from safetensors.torch import load_file
 
     def run(out, resume=None):
         trainer = MuToRSFTTrainer(model=tiny_causal_lm(V, seed=0), train_dataset=dataset("prompt_completion"),
                                   processing_class=TOK, mutor_config=MuToRConfig(d_max=3, loss_weight=0.3),
-                                  args=_args(out, max_steps=6, save_strategy="steps", save_steps=3))
+                                  args=_args(out, max_steps=4, save_strategy="steps", save_steps=2))
         trainer.train(resume_from_checkpoint=resume)
         trainer.save_model()
         return trainer
@@ -247,10 +247,10 @@ def test_resume_continues_exactly(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     run(a)
     b.mkdir()
-    shutil.copytree(a / "checkpoint-3", b / "checkpoint-3")
-    assert (a / "checkpoint-3" / "mutor.safetensors").is_file()
-    resumed = run(b, resume=str(b / "checkpoint-3"))
-    assert resumed.state.global_step == 6
+    shutil.copytree(a / "checkpoint-2", b / "checkpoint-2")
+    assert (a / "checkpoint-2" / "mutor.safetensors").is_file()
+    resumed = run(b, resume=str(b / "checkpoint-2"))
+    assert resumed.state.global_step == 4
     for f in ("model.safetensors", "mutor.safetensors"):
         _assert_same(load_file(str(a / f)), load_file(str(b / f)), atol=0.0)
 
@@ -340,6 +340,9 @@ def test_bad_input_fails_with_a_named_error(tmp_path, kw, error, match):
     with pytest.raises(error, match=match):
         MuToRSFTTrainer(model=tiny_causal_lm(V, seed=0), args=_args(tmp_path, **kw), train_dataset=dataset("text"),
                         processing_class=TOK, mutor_config=cfg, **trainer_kw)
+
+
+def test_a_wrapper_and_a_config_together_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not both"):
         MuToRSFTTrainer(model=MuToRModel(tiny_causal_lm(V, seed=0)), mutor_config=MuToRConfig(),
                         args=_args(tmp_path), train_dataset=dataset("text"), processing_class=TOK)

@@ -15,7 +15,8 @@ What is unusual:
   put around the model only *after* ``SFTTrainer.__init__`` has finished, so SFTTrainer sees a
   plain transformers (or peft) model exactly as it would without mutor, including the fused
   LM head it patches onto the model's forward (a ``fused_lm_head=False`` call, which is what
-  the wrapper makes, is the model's original forward).
+  the wrapper makes, is the model's original forward). The register vector is initialised in
+  a forked RNG, so the run sees the same data order as plain SFTTrainer with the same seed.
 * The class order is ``MuToRSFTTrainer -> MuToRTrainer -> _WrapperLoss -> SFTTrainer ->
   Trainer``: MuToRTrainer's overrides apply unchanged (offsets sampled once per optimizer step,
   the register count of the whole accumulated batch as the register-loss denominator,
