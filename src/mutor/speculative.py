@@ -1,0 +1,183 @@
+"""Registers as drafters: lossless self-speculative greedy decoding from a MuToR-trained model.
+
+A trained register after ``x_t`` predicts ``x_{t+d}`` from ``x_<=t`` at position ``t+d-1``, in the
+same forward as the next-token prediction and with no extra head: a free draft of K-1 tokens per
+forward. Each forward here feeds
+
+    [ x_e (the newest accepted token) , g_2 .. g_K (its draft) ]  +  K-1 registers after each of them
+
+Regular tokens never see registers (the training rule, ``layout.py``), so the regular logits are those
+of the plain model and greedy verification is exact: a draft token is kept while it equals the
+model's own greedy choice at that place, then the model's choice at the first mismatch (or after the
+last draft) is appended for free. The registers after the last kept token draft the next round. The
+output is token for token the plain model's greedy decoding, whatever the registers learned; they only
+decide how many tokens one forward yields.
+
+The cache is a plain ``DynamicCache`` of full layers (sliding windows are applied through the mask on
+position ids, as in training), built here so that no layer evicts entries on its own; after each
+forward it is cropped to the kept regular tokens, so register keys and values never stay in it.
+Batch size 1; eager and sdpa attention (a FlexAttention BlockMask cannot be sliced to the new rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+from transformers import DynamicCache
+
+from .layout import RegisterLayout
+from .masks import build_attention_mask
+from .model import MuToRModel
+
+
+@dataclass
+class DraftStats:
+    """Counts of one decoding run: ``offered[d]`` drafts for ``x_{e+d}`` reached verification, ``accepted[d]`` kept."""
+
+    forwards: int = 0
+    new_tokens: int = 0
+    offered: dict[int, int] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / max(self.forwards, 1)
+
+    def acceptance(self) -> dict[int, float]:
+        """Per offset d: accepted / offered (a draft is offered only when every earlier draft was kept)."""
+        return {d: self.accepted.get(d, 0) / n for d, n in sorted(self.offered.items()) if n}
+
+    def to_dict(self) -> dict:
+        return {"forwards": self.forwards, "new_tokens": self.new_tokens,
+                "tokens_per_forward": round(self.tokens_per_forward, 4),
+                "acceptance": {f"d={d}": round(a, 4) for d, a in self.acceptance().items()},
+                "offered": {f"d={d}": n for d, n in sorted(self.offered.items())}}
+
+
+def _register_vectors(model: MuToRModel, offsets: list[int]) -> torch.Tensor:
+    """(K-1, C) the register embedding for each drafting offset (per-offset vectors where trained)."""
+    cfg = model.mutor_config
+    w = model.register_embeddings.weight
+    if cfg.register_embedding == "shared":
+        return w[[0] * len(offsets)]
+    choices = [c[0] for c in cfg.offset_choices()]
+    missing = [d for d in offsets if d not in choices]
+    if missing:
+        raise ValueError(f"draft offsets {missing} have no trained per-offset register (trained offsets: {choices}); "
+                         f"use draft_registers <= {max(choices)}")
+    return w[[choices.index(d) for d in offsets]]
+
+
+def _step_mask(model: MuToRModel, past: int, m: int, src: torch.Tensor, reg_pos: torch.Tensor, dtype):
+    """Mask rows of the new queries ([m regular tokens; R registers]) over keys [past + m regular; R registers]."""
+    dev = src.device
+    n, R = past + m, src.numel()
+    L = n + R
+    ar = torch.arange(n, device=dev)
+    pos = torch.cat([ar, reg_pos])[None]                                             # (1, L)
+    lay = RegisterLayout(
+        position_ids=pos, doc_ids=torch.zeros(1, L, dtype=torch.long, device=dev),
+        limit=torch.cat([ar, past + src])[None],                                     # a register sees what x_src sees
+        key_ok=torch.cat([torch.ones(n, dtype=torch.bool, device=dev), torch.zeros(R, dtype=torch.bool, device=dev)])[None],
+        ntp_labels=torch.empty(1, n, dtype=torch.long, device=dev), reg_source=src[None], reg_labels=src[None],
+        reg_choice=torch.zeros(1, R, dtype=torch.long, device=dev), reg_valid=torch.ones(1, R, dtype=torch.bool, device=dev),
+        offset_index=torch.zeros(1, dtype=torch.long, device=dev))
+    full = build_attention_mask(lay, model.attn_implementation, model.windows, dtype)
+    rows = lambda t: t[:, :, past:]                                                   # (1, 1, m+R, L)
+    return (rows(full) if torch.is_tensor(full) else {k: rows(v) for k, v in full.items()}), pos[:, past:]
+
+
+@torch.no_grad()
+def generate(
+    model: Union[MuToRModel, str],
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 64,
+    draft_registers: Optional[int] = None,
+    eos_token_id: Optional[Union[int, list[int]]] = None,
+) -> tuple[torch.Tensor, DraftStats]:
+    """Greedy decoding that drafts with registers; returns ``(ids (1, n + new), stats)``.
+
+    ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
+    ``draft_registers`` K: drafts for offsets 2..K after each kept token (default: the trained ``d_max``;
+    K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
+    model's generation config).
+    """
+    if isinstance(model, str):
+        model = MuToRModel.from_pretrained(model)
+    if not isinstance(model, MuToRModel):
+        raise TypeError(f"speculative.generate needs a MuToRModel or a MuToR checkpoint directory, got {type(model).__name__}")
+    if model.mutor_config.is_2d:
+        raise ValueError("drafting with registers uses 1D offsets; this model was trained with 2D offsets (d_max_2d)")
+    if model.attn_implementation not in ("sdpa", "eager"):
+        raise ValueError(f"drafting needs sdpa or eager attention, got {model.attn_implementation!r}")
+    K = model.mutor_config.d_max if draft_registers is None else int(draft_registers)
+    if K < 1:
+        raise ValueError(f"draft_registers must be >= 1 (1: plain greedy decoding), got {draft_registers!r}")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be (1, n): batch size 1, got shape {tuple(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+    if eos_token_id is None:
+        gc = getattr(model.base_model, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None)
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+
+    base, dev = model.base_model, model.device
+    was_training = base.training
+    base.eval()
+    emb = base.get_input_embeddings()
+    offsets = list(range(2, K + 1))
+    reg_vec = _register_vectors(model, offsets) if offsets else None                 # (K-1, C)
+    ids = input_ids.to(dev)
+    out_ids = ids[0].tolist()
+    cache = DynamicCache()
+    stats = DraftStats()
+    pending, draft = ids[0], []                                                        # pending: kept, not in the cache
+    try:
+        while stats.new_tokens < max_new_tokens:
+            past = cache.get_seq_length()
+            feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
+            m, a = feed.numel(), pending.numel() - 1               # a: index of the newest kept token in feed
+            ends = torch.arange(a, m, device=dev)                  # tokens whose registers may draft the next round
+            src = ends.repeat_interleave(len(offsets))                                 # (R,)
+            d = torch.tensor(offsets, dtype=torch.long, device=dev).repeat(len(ends))  # (R,)
+            x = emb(feed[None])                                                        # (1, m, C)
+            if offsets:
+                x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
+            mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype)
+            logits = base(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                          use_cache=True).logits[0]                                    # (m+R, V)
+            stats.forwards += 1
+            greedy = logits[:m].argmax(-1).tolist()                # the model's own choice after each fed token
+            kept = 0
+            for i, g in enumerate(draft):                          # verify: draft[i] proposes x_{e+2+i}... in feed order
+                stats.offered[i + 2] = stats.offered.get(i + 2, 0) + 1
+                if g != greedy[a + i]:
+                    break
+                stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
+                kept += 1
+            e = a + kept                                           # newest kept token in feed
+            new = draft[:kept] + [greedy[e]]
+            cache.crop(-(m + (src.numel() if offsets else 0) - (e + 1)))   # keep regular tokens up to e; no registers
+            done = False
+            for t in new:
+                if stats.new_tokens >= max_new_tokens:
+                    done = True
+                    break
+                out_ids.append(t)
+                stats.new_tokens += 1
+                if t in eos:
+                    done = True
+                    break
+            if done:                                               # tokens cut at max_new_tokens / eos leave too
+                cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
+                break
+            pending = torch.tensor([greedy[e]], device=dev)
+            if offsets:
+                r0 = m + (e - a) * len(offsets)                    # the registers after x_e
+                draft = logits[r0:r0 + len(offsets)].argmax(-1).tolist()
+    finally:
+        base.train(was_training)
+    return torch.tensor([out_ids], device=dev), stats

@@ -1,0 +1,133 @@
+"""Self-speculative decoding with registers: lossless against plain greedy `generate`, exact acceptance counts
+on a hand-built case, and a cache that never keeps register entries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mutor.speculative as spec
+from families import make_model
+from mutor import MuToRConfig, MuToRModel
+
+CASES = [("llama", None), ("gpt2", None), ("qwen3", 3), ("gemma2", 3), ("gemma3", 3), ("mistral", 3), ("gemma3", None)]
+
+
+def _prompt(seed: int = 1, n: int = 7) -> torch.Tensor:
+    return torch.randint(3, 61, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy(base, ids, n):
+    with torch.no_grad():
+        return base.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.mark.parametrize("family,window", CASES)
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_is_lossless_with_untrained_registers(family, window, k):
+    base = make_model(family, window=window)
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
+    for seed in (1, 2):
+        ids = _prompt(seed)
+        got, stats = spec.generate(model, ids, max_new_tokens=24, draft_registers=k, eos_token_id=[])
+        assert torch.equal(got, _greedy(base, ids, 24)), f"{family} window={window} K={k} seed={seed}"
+        assert stats.new_tokens == 24
+        if k == 1:
+            assert stats.forwards == 24 and not stats.offered
+
+
+def test_eos_stops_as_generate_does():
+    base = make_model("llama")
+    ids = _prompt(3)
+    ref = _greedy(base, ids, 30)[0, ids.shape[1]:].tolist()
+    eos = ref[5]                                   # a token the greedy continuation produces: stop right after it
+    got, stats = spec.generate(MuToRModel(base, MuToRConfig(d_max=3)), ids, max_new_tokens=30, eos_token_id=eos)
+    assert got[0, ids.shape[1]:].tolist() == ref[:ref.index(eos) + 1]
+
+
+def _planted(model: MuToRModel, target: list[int], wrong_offset: int | None, K: int):
+    """Make the base model's register rows predict the oracle continuation (``target[p + 1]`` for a register
+    at position p), except offset ``wrong_offset``, which predicts a token the model never chooses."""
+    base = model.base_model
+    marker = model.register_embeddings.weight.detach()[0]
+    forward = base.forward
+
+    def fake(*args, inputs_embeds=None, position_ids=None, **kw):
+        out = forward(*args, inputs_embeds=inputs_embeds, position_ids=position_ids, **kw)
+        is_reg = (inputs_embeds[0] == marker).all(-1)                                  # (q,)
+        for k, row in enumerate(is_reg.nonzero().flatten().tolist()):
+            d = 2 + k % (K - 1)
+            p = int(position_ids[0, row]) + 1                                          # the index it predicts
+            tok = 0 if d == wrong_offset or p >= len(target) else target[p]
+            out.logits[0, row] = -1e4
+            out.logits[0, row, tok] = 1e4
+        return out
+
+    base.forward = fake
+
+
+@pytest.mark.parametrize("wrong,forwards,offered,accepted", [
+    (None, 4, {2: 3, 3: 3, 4: 3}, {2: 3, 3: 3, 4: 3}),     # oracle drafts: 1 token, then 4 per forward
+    (3, 7, {2: 6, 3: 6}, {2: 6}),                           # d=3 always wrong: 2 tokens per forward, d=4 never reached
+    (2, 13, {2: 12}, {}),                                   # d=2 wrong: plain greedy speed
+])
+def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accepted):
+    base = make_model("llama")
+    ids = _prompt(4)
+    target = _greedy(base, ids, 13)[0].tolist()                  # prompt + the 13 greedy tokens
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, wrong, K=4)
+    assert 0 not in target[ids.shape[1]:]                          # the planted wrong token is never right
+    got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=4, eos_token_id=[])
+    assert got[0].tolist() == target
+    assert (stats.forwards, stats.offered, stats.accepted) == (forwards, offered, accepted)
+    assert stats.tokens_per_forward == pytest.approx(13 / forwards)
+
+
+def test_cache_keeps_no_register_entries(monkeypatch):
+    caches = []
+
+    class Spy(spec.DynamicCache):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            caches.append(self)
+
+    monkeypatch.setattr(spec, "DynamicCache", Spy)
+    base = make_model("qwen3", window=3)
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    ids = _prompt(5)
+    got, stats = spec.generate(model, ids, max_new_tokens=17, eos_token_id=[])
+    (cache,) = caches
+    # every kept token but the newest one (never fed) is cached, and nothing else: no register, no rejected draft
+    assert cache.get_seq_length() == got.shape[1] - 1
+    for layer in cache.layers:
+        assert layer.keys.shape[-2] == got.shape[1] - 1
+
+
+def test_per_offset_registers_and_checkpoint_directory(tmp_path):
+    base = make_model("llama")
+    model = MuToRModel(base, MuToRConfig(d_max=3, register_embedding="per_offset"))
+    model.save_pretrained(tmp_path)
+    ids = _prompt(6)
+    got, _ = spec.generate(str(tmp_path), ids, max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(got, _greedy(base, ids, 12))
+    with pytest.raises(ValueError, match="no trained per-offset register"):
+        spec.generate(model, ids, max_new_tokens=4, draft_registers=5)
+
+
+def test_bad_input_is_refused():
+    model = MuToRModel(make_model("llama"), MuToRConfig(d_max=3))
+    with pytest.raises(ValueError, match="batch size 1"):
+        spec.generate(model, torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="draft_registers"):
+        spec.generate(model, _prompt(), draft_registers=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        spec.generate(model, _prompt(), max_new_tokens=0)
+    img = MuToRModel(make_model("llama"), MuToRConfig(d_max_2d=2, grid_width=4))
+    with pytest.raises(ValueError, match="2D offsets"):
+        spec.generate(img, _prompt())
+    with pytest.raises(TypeError, match="MuToRModel"):
+        spec.generate(make_model("llama"), _prompt())
