@@ -247,7 +247,8 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None
 
 
 def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
-    """``--resume`` continues only the run this recipe describes: same recorded recipe, a checkpoint of it."""
+    """``--resume`` continues only the run this recipe describes: the same recorded recipe (when there is one), a
+    checkpoint of a run with the same number of steps."""
     from transformers.trainer_utils import get_last_checkpoint
 
     recorded = out / "recipe.yaml"
@@ -265,8 +266,6 @@ def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
             raise MutorUserError(f"--resume: {out} was trained with a different recipe ({shown}"
                                  f"{', ...' if len(diff) > 5 else ''}); resume with the same recipe, or train into "
                                  "another output directory")
-    elif any(out.glob("checkpoint-*")):
-        raise MutorUserError(f"--resume: {out} has checkpoints but no recipe.yaml: not a run of this recipe")
     last = get_last_checkpoint(str(out))
     state = Path(last) / "trainer_state.json" if last else None
     if state is not None and state.is_file():
