@@ -153,10 +153,15 @@ def test_raster_offset_2d(d_max_2d, grid_width, choice, d):
     assert cfg.raster_offset(choice) == d
 
 
-def test_2d_ignores_1d_offsets():
-    cfg = MuToRConfig(d_max=7, min_offset=3, d_max_2d=2, grid_width=3)
+def test_2d_refuses_1d_offsets():
+    """2D mode samples (d_h, d_w); d_max / min_offset would be silently ignored there, so they are refused."""
+    cfg = MuToRConfig(d_max_2d=2, grid_width=3)
     assert cfg.offset_choices() == [(1, 2), (2, 1), (2, 2)]
     assert [cfg.raster_offset(c) for c in cfg.offset_choices()] == [1, 3, 4]
+    with pytest.raises(ValueError, match="d_max: is a 1D knob"):
+        MuToRConfig(d_max=7, d_max_2d=2, grid_width=3)
+    with pytest.raises(ValueError, match="min_offset: is a 1D knob"):
+        MuToRConfig(min_offset=3, d_max=4, d_max_2d=2, grid_width=3)
 
 
 @pytest.mark.parametrize("kwargs,shared_n,per_offset_n", [

@@ -131,3 +131,18 @@ def test_bad_input_is_refused():
         spec.generate(img, _prompt())
     with pytest.raises(TypeError, match="MuToRModel"):
         spec.generate(make_model("llama"), _prompt())
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_bidirectional_prefix_decoding_is_lossless(family):
+    """A run trained with a bidirectional prefix is evaluated with it (eval.generation); drafting keeps that."""
+    from mutor.eval.generation import greedy_generate
+
+    base = make_model(family, window=3 if family == "gemma3" else None)
+    model = MuToRModel(base, MuToRConfig(d_max=3, prefix_attention="bidirectional"))
+    ids = _prompt(7, n=9)
+    ref = greedy_generate(base, ids.tolist(), 15, pad_id=0, eos_id=None, prefix_attention="bidirectional")[0]
+    got, _ = spec.generate(model, ids, max_new_tokens=15, eos_token_id=[])
+    assert got[0, 9:].tolist() == ref
+    causal, _ = spec.generate(model, ids, max_new_tokens=15, eos_token_id=[], prefix_attention="causal")
+    assert torch.equal(causal, _greedy(base, ids, 15))

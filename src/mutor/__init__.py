@@ -3,6 +3,7 @@
 from .config import MuToRConfig
 from .layout import RegisterLayout, build_layout
 from .model import MuToRModel, MuToROutput
+from .speculative import DraftStats, generate
 
-__all__ = ["MuToRConfig", "MuToRModel", "MuToROutput", "RegisterLayout", "build_layout"]
+__all__ = ["DraftStats", "MuToRConfig", "MuToRModel", "MuToROutput", "RegisterLayout", "build_layout", "generate"]
 __version__ = "0.1.0"

@@ -70,16 +70,19 @@ def _register_vectors(model: MuToRModel, offsets: list[int]) -> torch.Tensor:
     return w[[choices.index(d) for d in offsets]]
 
 
-def _step_mask(model: MuToRModel, past: int, m: int, src: torch.Tensor, reg_pos: torch.Tensor, dtype):
-    """Mask rows of the new queries ([m regular tokens; R registers]) over keys [past + m regular; R registers]."""
+def _step_mask(model: MuToRModel, past: int, m: int, src: torch.Tensor, reg_pos: torch.Tensor, dtype, prompt_len: int):
+    """Mask rows of the new queries ([m regular tokens; R registers]) over keys [past + m regular; R registers].
+
+    ``prompt_len`` > 0: the prompt attends to itself both ways (bidirectional prefix), generated tokens causally."""
     dev = src.device
     n, R = past + m, src.numel()
     L = n + R
     ar = torch.arange(n, device=dev)
+    limit = torch.where(ar < prompt_len, prompt_len - 1, ar)                         # (n,)
     pos = torch.cat([ar, reg_pos])[None]                                             # (1, L)
     lay = RegisterLayout(
         position_ids=pos, doc_ids=torch.zeros(1, L, dtype=torch.long, device=dev),
-        limit=torch.cat([ar, past + src])[None],                                     # a register sees what x_src sees
+        limit=torch.cat([limit, limit[past + src]])[None],                           # a register sees what x_src sees
         key_ok=torch.cat([torch.ones(n, dtype=torch.bool, device=dev), torch.zeros(R, dtype=torch.bool, device=dev)])[None],
         ntp_labels=torch.empty(1, n, dtype=torch.long, device=dev), reg_source=src[None], reg_labels=src[None],
         reg_choice=torch.zeros(1, R, dtype=torch.long, device=dev), reg_valid=torch.ones(1, R, dtype=torch.bool, device=dev),
@@ -96,13 +99,15 @@ def generate(
     max_new_tokens: int = 64,
     draft_registers: Optional[int] = None,
     eos_token_id: Optional[Union[int, list[int]]] = None,
+    prefix_attention: Optional[str] = None,
 ) -> tuple[torch.Tensor, DraftStats]:
     """Greedy decoding that drafts with registers; returns ``(ids (1, n + new), stats)``.
 
     ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
     ``draft_registers`` K: drafts for offsets 2..K after each kept token (default: the trained ``d_max``;
     K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
-    model's generation config).
+    model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
+    for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
     """
     if isinstance(model, str):
         model = MuToRModel.from_pretrained(model)
@@ -117,6 +122,10 @@ def generate(
         raise ValueError(f"draft_registers must be >= 1 (1: plain greedy decoding), got {draft_registers!r}")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be (1, n): batch size 1, got shape {tuple(input_ids.shape)}")
+    prefix = model.mutor_config.prefix_attention if prefix_attention is None else prefix_attention
+    if prefix not in ("causal", "bidirectional"):
+        raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional', got {prefix_attention!r}")
+    prompt_len = input_ids.shape[1] if prefix == "bidirectional" else 0
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
     if eos_token_id is None:
@@ -146,7 +155,7 @@ def generate(
             x = emb(feed[None])                                                        # (1, m, C)
             if offsets:
                 x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
-            mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype)
+            mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
             logits = base(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
                           use_cache=True).logits[0]                                    # (m+R, V)
             stats.forwards += 1

@@ -29,19 +29,31 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype,
+                windows: Optional[dict] = None, position_ids: Optional[torch.Tensor] = None):
     """(B, 1, P, P) mask for encoding prompts bidirectionally: real tokens see every real token of their row.
 
     Padding queries see only themselves (their outputs are never used; a fully masked row would
-    give NaN). Boolean for sdpa/flex, additive float for eager.
+    give NaN). Boolean for sdpa/flex, additive float for eager. ``windows`` (``masks.attention_windows``
+    of the model) with ``position_ids``: sliding-window layers get the training rule (layout.py), a key
+    is seen when ``pos[q] - pos[k] < window``, as a dict keyed by layer type when the model mixes layers.
     """
     am = attention_mask.bool()                                                     # (B, P)
     P = am.shape[1]
-    allowed = (am[:, None, :] & am[:, :, None]) | torch.eye(P, dtype=torch.bool, device=am.device)
-    allowed = allowed[:, None]                                                     # (B, 1, P, P)
-    if attn_implementation == "eager":
-        return torch.zeros(allowed.shape, dtype=dtype, device=am.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return allowed
+    eye = torch.eye(P, dtype=torch.bool, device=am.device)
+    base = am[:, None, :] & am[:, :, None]                                         # (B, P, P)
+
+    def finish(allowed):
+        allowed = (allowed | eye)[:, None]                                         # (B, 1, P, P)
+        if attn_implementation == "eager":
+            return torch.zeros(allowed.shape, dtype=dtype, device=am.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return allowed
+
+    if not windows or all(w is None for w in windows.values()):
+        return finish(base)
+    pos = position_ids if position_ids is not None else (am.long().cumsum(1) - 1).clamp(min=0)
+    by_w = {w: finish(base if w is None else base & ((pos[:, :, None] - pos[:, None, :]) < w)) for w in set(windows.values())}
+    return by_w[next(iter(windows.values()))] if len(windows) == 1 else {t: by_w[w] for t, w in windows.items()}
 
 
 @torch.no_grad()
@@ -54,7 +66,10 @@ def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[
     dtype = model.get_input_embeddings().weight.dtype
     pos = (am.cumsum(1) - 1).clamp(min=0)                                          # (B, P)
     cache = DynamicCache(config=cfg)
-    out = model(input_ids=ids, attention_mask=prefix_mask(am, attn, dtype), position_ids=pos,
+    from ..masks import attention_windows
+
+    mask = prefix_mask(am, attn, dtype, attention_windows(cfg.get_text_config(decoder=True)), pos)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
                 past_key_values=cache, use_cache=True)
     nxt = out.logits[:, -1].argmax(-1)                                             # (B,)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
