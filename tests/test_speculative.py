@@ -146,3 +146,15 @@ def test_bidirectional_prefix_decoding_is_lossless(family):
     assert got[0, 9:].tolist() == ref
     causal, _ = spec.generate(model, ids, max_new_tokens=15, eos_token_id=[], prefix_attention="causal")
     assert torch.equal(causal, _greedy(base, ids, 15))
+
+
+def test_benchmark_runs_on_a_saved_star_graph_model(tmp_path):
+    """benchmarks.speculative end to end on a tiny saved run: every method decodes the same tokens."""
+    from benchmarks.speculative import markdown, measure
+
+    MuToRModel(make_model("llama"), MuToRConfig(d_max=3, min_offset=2)).save_pretrained(tmp_path)
+    (tmp_path / "recipe.yaml").write_text("seed: 0\ndata: {task: star_graph, degree: 2, path_len: 3, num_nodes: 20}\n")
+    res = measure(str(tmp_path), drafts=[2, 3], num_prompts=3, max_new_tokens=None, rounds=1, lookup=2)
+    assert [r["method"] for r in res["rows"]] == ["greedy", "prompt_lookup_2", "registers_K2", "registers_K3"]
+    assert res["max_new_tokens"] == 3 and res["rows"][2]["new_tokens"] == 9
+    assert "| registers_K3 |" in markdown(res)
