@@ -209,3 +209,24 @@ def test_eval_run_task_for_a_synthetic_run(tmp_path):
     assert summ["task"] == "star_graph" and summ["primary"] == "solve_rate" and summ["n"] == 8
     assert summ["metrics"]["solve_rate"] == final["eval_solve_rate"]          # same graphs, same model
     assert summ["metrics"]["ntp_loss"] == pytest.approx(final["eval_ntp_loss"], rel=1e-5)
+
+
+def test_eval_with_draft_registers_gives_the_same_generations(tmp_path):
+    """`mutor eval --draft-registers K` decodes with the registers as drafters: same generations and scores as
+    plain greedy evaluation (bidirectional prefix, as trained), plus the drafting statistics."""
+    from mutor.cli import main
+
+    run = _train(tmp_path, "s0", 0)
+    data = str(DATA / "gsm8k_tiny.jsonl")
+    args = ["eval", "--task", "gsm8k", "--model", str(run), "--data", data, "--limit", "3", "--max-new-tokens", "6",
+            "--quiet"]
+    main(args + ["--output-dir", str(tmp_path / "plain")])
+    main(args + ["--output-dir", str(tmp_path / "draft"), "--draft-registers", "3"])
+    gens = {k: [json.loads(line)["generation"] for line in (tmp_path / k / "generations.jsonl").read_text().splitlines()]
+            for k in ("plain", "draft")}
+    assert gens["plain"] == gens["draft"] and len(gens["plain"]) == 3
+    plain, draft = (json.loads((tmp_path / k / "summary.json").read_text()) for k in ("plain", "draft"))
+    assert draft["metrics"] == plain["metrics"] and draft["prefix_attention"] == "bidirectional"
+    stats = draft["drafting"]
+    assert stats["draft_registers"] == 3 and stats["forwards"] <= stats["new_tokens"] and stats["tokens_per_s"] > 0
+    assert set(stats["acceptance"]) <= {"d=2", "d=3"}

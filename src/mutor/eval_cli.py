@@ -33,6 +33,10 @@ def add_parser(sub) -> None:
                                                  "visible, else cpu)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="dtype to load the model in (default: the "
                                                                    "checkpoint's own)")
+    p.add_argument("--draft-registers", type=int, default=None, metavar="K",
+                   help="with --model (a MuToR checkpoint): decode with the trained registers as drafters for "
+                        "offsets 2..K (lossless greedy self-speculative decoding, batch 1); the summary records "
+                        "acceptance per offset, tokens per forward and tokens/s")
     p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(command="eval")
@@ -85,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
                   device=args.device, dtype=args.dtype)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:
         raise SystemExit("mutor eval: --limit and --batch-size must be >= 1")
+    if args.draft_registers is not None:
+        if args.checkpoints:
+            raise SystemExit("mutor eval: --draft-registers works with --model (one MuToR checkpoint)")
+        if args.draft_registers < 1:
+            raise SystemExit(f"mutor eval: --draft-registers must be >= 1, got {args.draft_registers}")
+        common["draft_registers"] = args.draft_registers
     if args.checkpoints:
         result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
                                       output_dir=args.output_dir, **common)

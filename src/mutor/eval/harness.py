@@ -126,16 +126,23 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
                    limit: Optional[int] = None, batch_size: int = 8, output_dir: Optional[str] = None,
                    prefix_attention: Optional[str] = None, max_new_tokens: Optional[int] = None,
                    tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None,
-                   device: Optional[str] = None, dtype: str = "auto") -> dict:
+                   device: Optional[str] = None, dtype: str = "auto", draft_registers: Optional[int] = None,
+                   decode: Optional[Callable] = None) -> dict:
     """Score one model on one split; returns the summary (also written to ``output_dir``).
 
     The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
-    ``model_and_tokenizer`` gives it, already placed."""
+    ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K: decode one example at a time
+    with the run's registers drafting offsets 2..K (:mod:`mutor.speculative`; the same tokens as greedy
+    decoding), and record the drafting statistics in the summary. ``decode(prompt_ids, max_new_tokens, eos_id)``
+    replaces batched greedy decoding."""
     from tqdm.auto import tqdm
 
     from .generation import greedy_generate
 
     task = get_eval_task(task_name)
+    if draft_registers is not None:
+        return _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention,
+                                     max_new_tokens, tokenizer, progress, device, dtype, draft_registers)
     model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
@@ -148,8 +155,8 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
         ids = [tok(p, add_special_tokens=True)["input_ids"] for p in chunk]
-        gens = greedy_generate(model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id,
-                               prefix_attention=mode)
+        gens = decode(ids, n_new, tok.eos_token_id) if decode is not None else greedy_generate(
+            model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, prefix_attention=mode)
         for prompt, ref, g in zip(chunk, refs[i:i + batch_size], gens):
             text = tok.decode(g, skip_special_tokens=True)
             rows.append({"prompt": prompt, "generation": text, "reference": ref, "extracted": task.extract(text),
@@ -166,6 +173,55 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
         write_jsonl_atomic(out / "generations.jsonl", rows)
         write_json_atomic(out / "summary.json", summary)
         write_text_atomic(out / "summary.md", summary_markdown([summary]))
+    return summary
+
+
+def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention, max_new_tokens,
+                          tokenizer, progress, device, dtype, K: int) -> dict:
+    """``evaluate_model`` with registers as drafters: the MuToR checkpoint (base + sidecar), batch 1."""
+    import time
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..devices import resolve_device, resolve_dtype
+    from ..errors import from_pretrained
+    from ..model import MuToRModel
+    from ..speculative import DraftStats, generate
+
+    if not (Path(model_path) / "mutor_config.json").is_file():
+        raise ValueError(f"--draft-registers needs a MuToR checkpoint (model + mutor sidecar); {model_path} has no "
+                         "mutor_config.json")
+    kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
+    drafter = MuToRModel.from_pretrained(model_path, **kw).to(resolve_device(device)).eval()
+    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(model_path), "tokenizer")
+    mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
+    total, seconds = DraftStats(), 0.0
+
+    def decode(prompts: list[list[int]], n_new: int, eos_id: Optional[int]) -> list[list[int]]:
+        nonlocal seconds
+        rows = []
+        for p in prompts:
+            t0 = time.perf_counter()
+            out, st = generate(drafter, torch.tensor([p]), n_new, K, eos_token_id=[] if eos_id is None else eos_id,
+                               prefix_attention=mode)
+            seconds += time.perf_counter() - t0
+            total.forwards += st.forwards
+            total.new_tokens += st.new_tokens
+            for d, n in st.offered.items():
+                total.offered[d] = total.offered.get(d, 0) + n
+                total.accepted[d] = total.accepted.get(d, 0) + st.accepted.get(d, 0)
+            new = out[0, len(p):].tolist()
+            rows.append(new[:new.index(eos_id)] if eos_id in new else new)
+        return rows
+
+    summary = evaluate_model(task_name, model_path, split, data, limit, batch_size=1, output_dir=output_dir,
+                             prefix_attention=mode, max_new_tokens=max_new_tokens, progress=progress,
+                             model_and_tokenizer=(drafter, tok), decode=decode)
+    summary["drafting"] = {"draft_registers": K, **total.to_dict(),
+                           "tokens_per_s": round(total.new_tokens / max(seconds, 1e-9), 2)}
+    if output_dir is not None:
+        write_json_atomic(Path(output_dir) / "summary.json", summary)
     return summary
 
 
