@@ -7,11 +7,10 @@ The shape is a LoRA fine-tune of a 256k-vocabulary model (Gemma 2B: hidden 2048,
 256,000, bf16): the output layer is frozen, the hidden states at the loss rows require grad. Four
 cases, each in a fresh process (``--rounds N``: N times, order alternating), on the same rows:
 
-* ``train/before``, ``eval/before``: what ``mutor.loss`` did until 2026-11-23, every gradient
-  computed in the forward whatever needs it: ``dL/dhidden`` (N, C), the fp32 ``dL/dweight``
-  (V, C) and its cast to the weight's dtype, under ``torch.no_grad`` as well. It is the same chunk
-  loop (``mutor.loss._chunked_ce``) with every gradient switched on, inside the old autograd
-  Function's forward/backward, so only the switch differs.
+* ``train/before``, ``eval/before``: what ``mutor.loss`` did until 2026-11-23 (commit 720178a),
+  copied verbatim below (:func:`_before_class`): every gradient computed in the forward
+  whatever needs it, ``dL/dhidden`` (N, C), the fp32 ``dL/dweight`` (V, C) and its cast to the
+  weight's dtype, under ``torch.no_grad`` as well, with fresh ``(chunk, V)`` tensors per chunk.
 * ``train/after``: ``fused_linear_cross_entropy`` with the weight frozen, forward + backward;
 * ``eval/after``: ``fused_linear_cross_entropy`` under ``torch.no_grad`` (Trainer evaluation).
 
@@ -38,11 +37,70 @@ RESULT_TAG = "@@LOSS_GRADS_RESULT "
 CASES = ["train/before", "train/after", "eval/before", "eval/after"]
 
 
+def _before_class():
+    """The chunked loss's autograd Function as it was before 2026-11-23 (torch is imported in workers only)."""
+    import torch
+
+    class _FusedLinearCE(torch.autograd.Function):
+        # verbatim mutor.loss._FusedLinearCE at commit 720178a (before 2026-11-23)
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, row_weight, softcap, chunk: int):
+            N = hidden.shape[0]
+            ce = torch.empty(N, dtype=torch.float32, device=hidden.device)
+            hit = torch.empty(N, dtype=torch.bool, device=hidden.device)
+            grad_h = torch.empty_like(hidden)                                              # (N, C)
+            grad_w = torch.zeros_like(weight, dtype=torch.float32)                         # (V, C)
+            grad_b = torch.zeros_like(bias, dtype=torch.float32) if bias is not None else None
+            for s in range(0, N, chunk):
+                h = hidden[s:s + chunk]                                                    # (n, C)
+                tgt = targets[s:s + chunk]
+                z = h @ weight.t()                                                         # (n, V)
+                if bias is not None:
+                    z = z + bias
+                z = z.float()
+                if softcap:
+                    t = torch.tanh(z / softcap)
+                    logits = t * softcap
+                else:
+                    logits = z
+                m = logits.amax(-1, keepdim=True)                                          # (n, 1)
+                tl = logits.gather(1, tgt[:, None]).squeeze(1)                             # (n,)
+                hit[s:s + chunk] = tl >= m[:, 0]
+                g = logits.sub_(m).exp_()                                                  # (n, V)
+                total = g.sum(-1, keepdim=True)                                            # (n, 1)
+                ce[s:s + chunk] = (m + total.log())[:, 0] - tl
+                w = row_weight[s:s + chunk]
+                g.mul_(w[:, None] / total)                                                 # w * softmax
+                g[torch.arange(len(tgt), device=g.device), tgt] -= w                       # w * (softmax - onehot)
+                if softcap:
+                    g *= 1.0 - t * t                                                       # through tanh soft-capping
+                g_lp = g.to(h.dtype)
+                grad_h[s:s + chunk] = g_lp @ weight
+                grad_w += (g_lp.t() @ h).float()
+                if grad_b is not None:
+                    grad_b += g.sum(0)
+            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype),
+                                  None if grad_b is None else grad_b.to(bias.dtype))
+            ctx.has_bias = bias is not None
+            loss = (ce * row_weight).sum()
+            ctx.mark_non_differentiable(ce, hit)
+            return loss, ce, hit
+
+        @staticmethod
+        def backward(ctx, g_loss, _g_ce, _g_hit):
+            grad_h, grad_w, grad_b = ctx.saved_tensors
+            return (grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype),
+                    grad_b * g_loss.to(grad_b.dtype) if ctx.has_bias else None, None, None, None, None)
+
+    return _FusedLinearCE
+
+
 def run_case(spec: dict) -> dict:
     import torch
 
-    from mutor.loss import _chunked_ce, fused_linear_cross_entropy
+    from mutor.loss import fused_linear_cross_entropy
 
+    before_fn = _before_class()
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
     g = torch.Generator().manual_seed(0)
@@ -52,28 +110,13 @@ def run_case(spec: dict) -> dict:
     row_weight = torch.full((spec["rows"],), 1.0 / spec["rows"])
     chunk = spec["chunk"]
 
-    class AllGrads(torch.autograd.Function):
-        """The pre-2026-11-23 Function: every gradient computed in the forward, whatever needs it."""
-
-        @staticmethod
-        def forward(ctx, h, w, tgt, rw):
-            loss, ce, hit, grads = _chunked_ce(h, w, None, tgt, rw, None, chunk, True, True, False)
-            ctx.save_for_backward(grads[0], grads[1])
-            ctx.mark_non_differentiable(ce, hit)
-            return loss, ce, hit
-
-        @staticmethod
-        def backward(ctx, g_loss, _g_ce, _g_hit):
-            gh, gw = ctx.saved_tensors
-            return gh * g_loss.to(gh.dtype), gw * g_loss.to(gw.dtype), None, None
-
     mode, version = spec["case"].split("/")
 
     def step() -> float:
         h = hidden.detach().requires_grad_(mode == "train")
         with torch.set_grad_enabled(mode == "train"):
             if version == "before":
-                loss = AllGrads.apply(h, weight, targets, row_weight)[0]
+                loss = before_fn.apply(h, weight, None, targets, row_weight, None, chunk)[0]
             else:
                 loss = fused_linear_cross_entropy(h, weight, None, targets, row_weight, None, chunk)[0]
         if mode == "train":

@@ -37,27 +37,51 @@ def test_fused_equals_reference_loss_and_gradients(softcap, bias):
         torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_fused_in_bfloat16_follows_the_fp32_reference(softcap):
+    """The low-precision path (bf16 projection, fp32 softmax, bf16 gradient products) in its reused buffers."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(37, 16, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(50, 16, generator=g).bfloat16().requires_grad_()
+    b = torch.randn(50, generator=g).bfloat16().requires_grad_()
+    tgt = torch.randint(0, 50, (37,), generator=g)
+    rw = torch.rand(37, generator=g)
+    loss, ce, _ = fused_linear_cross_entropy(h, w, b, tgt, rw, softcap, chunk=8)
+    loss.backward()
+    assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.bfloat16
+    h2, w2, b2 = (t.detach().float().requires_grad_() for t in (h, w, b))
+    z = h2 @ w2.t() + b2
+    ref_ce = torch.nn.functional.cross_entropy(torch.tanh(z / softcap) * softcap if softcap else z, tgt,
+                                               reduction="none")
+    (ref_ce * rw).sum().backward()
+    torch.testing.assert_close(ce, ref_ce.detach(), atol=5e-2, rtol=2e-2)
+    for a, r in ((h.grad, h2.grad), (w.grad, w2.grad), (b.grad, b2.grad)):
+        torch.testing.assert_close(a.float(), r, atol=2e-2, rtol=2e-2)
+
+
 class _OpSpy(TorchDispatchMode):
-    """Records the name of every aten op run under it and the shapes of the new tensors it allocates
-    (outputs that are views of an input, e.g. ``detach`` or ``t``, are left out)."""
+    """Records every aten op run under it: its name, the shapes of its outputs, and the shapes of the new
+    tensors it allocates (outputs that are views of or written into an input, e.g. ``detach``, ``t`` or
+    ``out=``, are not new)."""
 
     def __init__(self):
         super().__init__()
-        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
+        self.ops: list[tuple[str, list[tuple[int, ...]], list[tuple[int, ...]]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        shapes = [tuple(t.shape) for t in tree_flatten(out)[0]
-                  if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs]
-        self.ops.append((func.overloadpacket.__name__, shapes))
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.ops.append((func.overloadpacket.__name__, [tuple(t.shape) for t in outs],
+                         [tuple(t.shape) for t in outs if t.untyped_storage().data_ptr() not in inputs]))
         return out
 
     def matmul_shapes(self) -> list[tuple[int, ...]]:
-        return [sh[0] for name, sh in self.ops if name in ("mm", "addmm", "matmul", "bmm")]
+        return [shapes[0] for name, shapes, _ in self.ops if name in ("mm", "addmm", "addmm_", "matmul", "bmm")]
 
     def all_shapes(self) -> set[tuple[int, ...]]:
-        return {sh for _, shapes in self.ops for sh in shapes}
+        """Shapes of every tensor allocated under the spy."""
+        return {sh for _, _, new in self.ops for sh in new}
 
 
 def _loss_inputs(trainable: set[str]):
