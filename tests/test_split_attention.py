@@ -89,3 +89,61 @@ def test_split_runs_only_inside_mutor_forward(monkeypatch):
 def test_bad_attention_option_is_named():
     with pytest.raises(ValueError, match="attention must be"):
         MuToRModel(make_model("llama"), attention="sparse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_register_rows_attention_equals_softmax_over_regular_keys_and_self(dtype):
+    """The CPU register-row kernel (flash over the regular keys, the diagonal term merged through the
+    log-sum-exp) against a float64 softmax over [allowed regular keys; own key], outputs and all five
+    input gradients; one row sees no regular key at all (an empty register slot)."""
+    if split_mod._flash_cpu_ops() is None:
+        pytest.skip("this torch has no CPU flash attention kernel")
+    g = torch.Generator().manual_seed(0)
+    B, H, D, T, R = 2, 3, 8, 7, 5
+    q, k_self, v_self = (torch.randn(B, H, R, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    k, v = (torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    allowed = torch.rand(B, 1, R, T, generator=g) > 0.5
+    allowed[0, 0, 1] = False
+    allowed[1, 0, 3] = True
+    bias = torch.zeros(B, 1, R, T, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    out = split_mod._RegisterRowsAttention.apply(q, k, v, k_self, v_self, bias, ~allowed.any(-1), D ** -0.5)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype)
+    got = torch.autograd.grad(out, [q, k, v, k_self, v_self], grad_out)
+
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, k_self, v_self)]
+    Q, K, V, KS, VS = ref_in
+    scores = (Q @ K.transpose(-1, -2) * D ** -0.5).masked_fill(~allowed, float("-inf"))      # (B, H, R, T)
+    self_score = (Q * KS).sum(-1, keepdim=True) * D ** -0.5                                 # (B, H, R, 1)
+    p = torch.cat([scores, self_score], -1).softmax(-1)                                     # (B, H, R, T+1)
+    ref = p[..., :T] @ V + p[..., T:] * VS                                                  # (B, H, R, D)
+    ref_grads = torch.autograd.grad(ref, ref_in, grad_out.double())
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    for name, a, r in zip(["q", "k", "v", "k_self", "v_self"], got, ref_grads):
+        torch.testing.assert_close(a.double(), r, **tol, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_cpu_register_rows_skip_the_register_register_block(monkeypatch):
+    """Under MuToR's forward on CPU the register rows take the kernel over regular keys only (the R x R block
+    is exactly diagonal), once per layer, and the result matches the generic path over all T + R keys."""
+    calls = []
+    real = split_mod._RegisterRowsAttention.apply
+
+    def spy(q, k, *args):
+        calls.append((q.shape[2], k.shape[2]))
+        return real(q, k, *args)
+
+    cfg = MuToRConfig(d_max=3, loss_weight=0.4, seed=0)
+    monkeypatch.setattr(split_mod._RegisterRowsAttention, "apply", spy)
+    fast, g_fast = _run("auto", "llama", padded_batch, cfg)
+    T = padded_batch()["input_ids"].shape[1]
+    layers = make_model("llama").config.num_hidden_layers
+    assert len(calls) == layers                             # once per layer
+    assert all(kv == T for _, kv in calls)                  # keys: the T regular tokens only
+    monkeypatch.setattr(split_mod, "_flash_cpu_ops", lambda: None)   # generic path: register rows over T + R keys
+    calls.clear()
+    generic, g_generic = _run("auto", "llama", padded_batch, cfg)
+    assert calls == []
+    torch.testing.assert_close(fast.logits, generic.logits, atol=1e-5, rtol=1e-5)
+    for name in g_fast:
+        torch.testing.assert_close(g_fast[name], g_generic[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
