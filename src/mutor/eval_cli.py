@@ -20,7 +20,9 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
     src.add_argument("--checkpoints", help="run directory with checkpoint-<step> subdirectories")
-    p.add_argument("--split", default="test", choices=["test", "validation"], help="with --model (default test)")
+    p.add_argument("--split", default=None, choices=["test", "validation", "test_new_templates"],
+                   help="with --model (default: the task's test split(s); gsm_symbolic has two: test, new instances "
+                        "of the training templates, and test_new_templates, templates never trained on)")
     p.add_argument("--data", default=None, help="local JSONL/Parquet file instead of the Hub split")
     p.add_argument("--val-data", default=None, help="with --checkpoints: local validation file")
     p.add_argument("--limit", type=int, default=None, help="first N examples only (smoke runs)")
@@ -99,9 +101,23 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
                                       output_dir=args.output_dir, **common)
     else:
-        out = args.output_dir or str(Path(args.model) / "eval" / f"{args.task}-{args.split}")
-        result = evaluate_model(args.task, args.model, split=args.split, data=args.data, output_dir=out,
-                                **common)
+        from .eval.harness import get_eval_task, load_model_and_tokenizer
+
+        task = get_eval_task(args.task)
+        splits = [args.split] if args.split else list(task.test_splits)
+        known = list(dict.fromkeys(["test", "validation", *task.test_splits]))
+        if args.split not in (None, *known):
+            raise SystemExit(f"mutor eval: task {args.task!r} has no split {args.split!r}; splits: {known}")
+        loaded = None
+        if len(splits) > 1 and args.draft_registers is None:   # several splits: load the model once
+            loaded = load_model_and_tokenizer(args.model, args.tokenizer, dtype=args.dtype, device=args.device)
+        results = []
+        for split in splits:
+            out = (str(Path(args.output_dir) / split) if args.output_dir and len(splits) > 1 else args.output_dir) \
+                or str(Path(args.model) / "eval" / f"{args.task}-{split}")
+            results.append(evaluate_model(args.task, args.model, split=split, data=args.data, output_dir=out,
+                                          model_and_tokenizer=loaded, **common))
+        result = results[0] if len(results) == 1 else {"splits": results}
     if not args.quiet:
         print(json.dumps({k: v for k, v in result.items() if k != "per_checkpoint"}, indent=2))
     return 0

@@ -58,6 +58,7 @@ _LAZY = {
     "aqua_rat": "mutor.data.text",
     "samsum": "mutor.data.text",
     "dialogsum": "mutor.data.text",
+    "gsm_symbolic": "mutor.data.gsm_symbolic",
     "star_graph": "mutor.data.star_graph",
     "digits": "mutor.image.data",
     "image_codes": "mutor.image.data",

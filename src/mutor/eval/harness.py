@@ -38,6 +38,9 @@ class EvalTask:
     score: Callable[[str, str], dict]
     extract: Callable[[str], Optional[str]]
     primary: str                          # the summary metric that ranks checkpoints
+    # generated data (gsm_symbolic): examples(split, limit, model_path) -> rows, instead of the Hub
+    examples: Optional[Callable[..., list]] = None
+    test_splits: tuple = ("test",)        # what is reported; with several, `mutor eval` scores each
 
 
 def _verdict(correct: Callable[[str, str], bool]) -> Callable[[str, str], dict]:
@@ -59,6 +62,22 @@ register_eval_task("aqua_rat", EvalTask(get_task("aqua_rat"), _verdict(metrics.a
                                         "accuracy"))
 for _name in ("samsum", "dialogsum"):
     register_eval_task(_name, EvalTask(get_task(_name), metrics.rouge_scores, lambda g: None, "rougeL"))
+
+
+def _gsm_symbolic_examples(split: str, limit: Optional[int], model_path: Optional[str]) -> list[dict]:
+    from ..data.gsm_symbolic import gsm_symbolic_examples       # reasoning-gym is imported only when used
+
+    return gsm_symbolic_examples(split, limit, model_path)
+
+
+def _gsm_symbolic_eval_task() -> EvalTask:
+    from ..data.gsm_symbolic import EVAL_SPLITS, GSM_SYMBOLIC
+
+    return EvalTask(GSM_SYMBOLIC, _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k, "accuracy",
+                    examples=_gsm_symbolic_examples, test_splits=EVAL_SPLITS)
+
+
+register_eval_task("gsm_symbolic", _gsm_symbolic_eval_task())
 
 
 def get_eval_task(name: str) -> EvalTask:
@@ -109,9 +128,12 @@ def run_info(path: str) -> dict:
     return info
 
 
-def load_examples(task: EvalTask, split: str, data: Optional[str] = None, limit: Optional[int] = None) -> list[dict]:
+def load_examples(task: EvalTask, split: str, data: Optional[str] = None, limit: Optional[int] = None,
+                  model_path: Optional[str] = None) -> list[dict]:
     from ..data.text import load_rows
 
+    if data is None and task.examples is not None:
+        return task.examples(split, limit, model_path)
     hub_split = task.text.splits.get(split)
     if data is None and hub_split is None:
         raise ValueError(f"{task.text.name} has no {split!r} split on the Hub; give --data (a local file)")
@@ -146,7 +168,7 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
-    examples = load_examples(task, split, data, limit)
+    examples = load_examples(task, split, data, limit, model_path=str(model_path))
     prompts = [render_prompt(task.text, ex) for ex in examples]
     refs = [reference_answer(task.text, ex) for ex in examples]
     n_new = int(max_new_tokens or task.text.max_new_tokens)
@@ -164,7 +186,9 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
         bar.update(len(chunk))
     bar.close()
     keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
-    summary = {"task": task_name, "split": split, "model": str(model_path), "n": len(rows),
+    # a second test split (gsm_symbolic's test_new_templates) is its own column in `mutor compare`
+    label = task_name if split in ("test", "validation") else f"{task_name}:{split}"
+    summary = {"task": label, "split": split, "model": str(model_path), "n": len(rows),
                "metrics": {k: statistics.fmean(r[k] for r in rows) for k in keys}, "primary": task.primary,
                "prefix_attention": mode, "max_new_tokens": n_new, "data": data or task.text.hub_id,
                **{k: info[k] for k in ("method", "seed") if k in info}}
@@ -266,6 +290,18 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
     result.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
     write_json_atomic(out / "summary.json", result)
     write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
+    for split in task.test_splits[1:]:            # the same selected checkpoint on the task's other test splits
+        other_out = out.parent / f"{out.name}-{split}"
+        other = evaluate_model(task_name, str(best), split=split, data=None,
+                               output_dir=str(other_out / best.name / split), **kw)
+        other = {**other, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
+                 "selection": protocol, "selection_split": select_split}
+        other.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
+        write_json_atomic(other_out / "summary.json", other)
+        write_text_atomic(other_out / "summary.md", summary_markdown([other]) + f"\n{protocol}; selected "
+                                                                                 f"{best.name}.\n")
+        result.setdefault("other_splits", {})[split] = {"n": other["n"], "metrics": other["metrics"],
+                                                        "summary": str(other_out / "summary.json")}
     return result
 
 
