@@ -43,8 +43,9 @@ def plain_forward(base, batch: dict):
         return base(**batch, use_cache=False)
 
 
-def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None):
-    """Yield (mutor_logits, reference_logits) for every register in `out`."""
+def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None, keep=None):
+    """Yield (mutor_logits, reference_logits) for every register in `out` (with `keep`: only the registers
+    whose index r in their row satisfies keep(b, r, n_registers_in_row); for large real models)."""
     base, cfg = model.base_model, model.mutor_config
     T = batch["input_ids"].shape[1]
     choices = cfg.offset_choices()
@@ -53,6 +54,8 @@ def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None):
         if l < T:
             continue
         r = l - T
+        if keep is not None and not keep(b, r, int((out.layout.reg_labels[b] != -100).sum())):
+            continue
         t = int(out.layout.reg_source[b, r])
         k = int(out.layout.offset_index[b])
         d = cfg.raster_offset(choices[k])
