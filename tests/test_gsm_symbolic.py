@@ -131,3 +131,26 @@ def test_mutor_eval_scores_both_test_splits(tmp_path):
     assert [g["prompt"] for g in gens] == [f"Question: {r['question']}\n\nAnswer:" for r in new]
     assert [g["reference"] for g in gens] == [r["answer"] for r in new]
     assert all(g["accuracy"] == 0.0 for g in gens)               # 3 random tokens are never the answer
+
+
+def test_checkpoint_selection_on_validation_reports_both_test_splits(tmp_path):
+    """`mutor eval --task gsm_symbolic --checkpoints RUN`: picked on validation, scored on test and on
+    test_new_templates, each written as its own selection summary (two columns in `mutor compare`)."""
+    from mutor.eval.compare import collect_summaries, comparison_table
+    from mutor.eval.harness import evaluate_checkpoints
+    from mutor.testing import tiny_causal_lm
+
+    tok = byte_tokenizer()
+    (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: gsm_symbolic, num_test: 3, "
+                                          "num_validation: 2}\n")
+    for step in (1, 2):
+        tiny_causal_lm(len(tok), seed=step).save_pretrained(tmp_path / f"checkpoint-{step}")
+        tok.save_pretrained(tmp_path / f"checkpoint-{step}")
+    res = evaluate_checkpoints("gsm_symbolic", str(tmp_path), max_new_tokens=2, progress=False, device="cpu")
+    assert res["selection_split"] == "validation" and res["split"] == "test" and res["n"] == 3
+    other = res["other_splits"]["test_new_templates"]
+    assert other["n"] == 3
+    saved = json.loads((tmp_path / "eval" / "gsm_symbolic" / "summary.json").read_text())
+    assert saved["other_splits"]["test_new_templates"]["n"] == 3
+    table = comparison_table(collect_summaries([str(tmp_path / "eval")]))
+    assert "gsm_symbolic accuracy" in table and "gsm_symbolic:test_new_templates accuracy" in table

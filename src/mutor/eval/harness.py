@@ -302,6 +302,7 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
                                                                                  f"{best.name}.\n")
         result.setdefault("other_splits", {})[split] = {"n": other["n"], "metrics": other["metrics"],
                                                         "summary": str(other_out / "summary.json")}
+        write_json_atomic(out / "summary.json", result)
     return result
 
 
