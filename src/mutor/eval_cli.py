@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
     src.add_argument("--checkpoints", help="run directory with checkpoint-<step> subdirectories")
+    p.add_argument("--source", default=None, choices=["path_star"],
+                   help="with --task run on a star_graph run: held-out graphs from reasoning-gym's path_star "
+                        "generator (an independent source), mapped onto the run's labels and layout")
     p.add_argument("--split", default=None, choices=["test", "validation", "test_new_templates"],
                    help="with --model (default: the task's test split(s); gsm_symbolic has two: test, new instances "
                         "of the training templates, and test_new_templates, templates never trained on)")
@@ -74,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.model:
             raise SystemExit("mutor eval --task run needs --model")
-        out = args.output_dir or str(Path(args.model) / "eval" / "run-task")
+        out = args.output_dir or str(Path(args.model) / "eval" / ("run-task" + (f"-{args.source}" if args.source
+                                                                                   else "")))
         try:
-            result = evaluate_run_task(args.model, output_dir=out, device=args.device, dtype=args.dtype)
+            result = evaluate_run_task(args.model, output_dir=out, device=args.device, dtype=args.dtype,
+                                       source=args.source)
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"mutor eval: {err}") from None
         if not args.quiet:

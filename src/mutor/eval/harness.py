@@ -308,7 +308,7 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
 
 # ------------------------------------------------------- synthetic tasks
 def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrides: Optional[dict] = None,
-                      device: Optional[str] = None, dtype: str = "auto") -> dict:
+                      device: Optional[str] = None, dtype: str = "auto", source: Optional[str] = None) -> dict:
     """Evaluate a model on the synthetic task it was trained on (star graphs, digits, ...).
 
     The task and its options come from the run's ``recipe.yaml`` (in the model directory or its
@@ -339,6 +339,8 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     task = build_task(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
     if task.evaluator is None:
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
+    if source is not None:                 # test graphs from an independent generator, same evaluator
+        task = _with_source(task, name, source, {**data, **(overrides or {})})
     from ..devices import load_causal_lm
     from ..image.rotary2d import apply_saved_rotary_2d
 
@@ -348,10 +350,34 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
 
     with torch.no_grad():
         metrics = task.evaluator(model, 0)
-    summary = {"task": name, "split": "test", "model": str(model_path), "n": metrics.get("num_eval"),
+    summary = {"task": name if source is None else f"{name}:{source}", "split": "test", "model": str(model_path),
+               "n": metrics.get("num_eval"), **({"source": source} if source else {}),
                "metrics": metrics, "primary": task.primary_metric or next(iter(metrics)),
                **{k: r[k] for k in ("method", "seed") if k in r}}
     if output_dir is not None:
         write_json_atomic(Path(output_dir) / "summary.json", summary)
         write_text_atomic(Path(output_dir) / "summary.md", summary_markdown([summary]))
     return summary
+
+
+def _with_source(task, name: str, source: str, options: dict):
+    """``task`` with its held-out set replaced by ``source``'s graphs (``path_star``: reasoning-gym's), in the
+    run's graph shape and labels, none of them a training problem; the evaluator is the task's own."""
+    import dataclasses
+
+    from ..errors import MutorUserError
+
+    if source != "path_star" or name != "star_graph":
+        raise MutorUserError(f"--source {source!r}: only 'path_star' (reasoning-gym's graphs) for star_graph runs "
+                             f"(this run's task is {name!r})")
+    from ..data.path_star import path_star_examples
+    from ..data.star_graph import StarGraphTask, evaluate
+
+    shape = StarGraphTask(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
+                          num_nodes=int(options.get("num_nodes", 50)))
+    train_keys = {ex.key for ex in task.train_dataset.examples}
+    examples = path_star_examples(shape, int(options.get("num_test", 500)), seed=0,
+                                  exclude=train_keys)
+    batch_size = int(options.get("eval_batch_size", 256))
+    return dataclasses.replace(task, evaluator=lambda model, step: evaluate(model, examples, batch_size=batch_size),
+                               info={**task.info, "source": source, "num_test": len(examples)})
