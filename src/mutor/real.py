@@ -187,21 +187,24 @@ def gguf_parameter_count(path: Path) -> int:
 
 
 def dir_parameter_count(path: Path) -> Optional[int]:
-    """Number of weights in a local transformers directory, from its safetensors headers (None: no safetensors)."""
+    """Number of weights in a local transformers directory, from its safetensors headers (None: no safetensors,
+    or one that does not open)."""
     from safetensors import safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         return None
     n = 0
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                shape = st.get_slice(k).get_shape()
-                size = 1
-                for s in shape:
-                    size *= int(s)
-                n += size
+    try:
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    size = 1
+                    for s in st.get_slice(k).get_shape():
+                        size *= int(s)
+                    n += size
+    except Exception:           # unreadable (truncated) weights: the loader's own error names the file
+        return None
     return n
 
 
