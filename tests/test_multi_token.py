@@ -152,3 +152,27 @@ def test_chunked_loss_equals_the_heads_own_logits(family, batch_fn):
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
     with pytest.raises(ValueError, match="loss_chunk_size"):
         MultiTokenModel(make_model(family), loss_chunk_size=0)
+
+
+def test_from_pretrained_takes_loss_chunk_size_and_loads_a_peft_adapter(tmp_path):
+    """Multi-Token's from_pretrained matches MuToR's: constructor options pass through, LoRA runs load."""
+    peft = pytest.importorskip("peft")
+    base = make_model("llama")
+    base.save_pretrained(tmp_path / "base")                         # a local base the adapter records
+    from transformers import AutoModelForCausalLM
+
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")),
+                               peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model = MultiTokenModel(lora, MultiTokenConfig(d_max=2))
+    with torch.no_grad():
+        model.heads[0].mlp.up_proj.weight.add_(0.5)
+    model.save_pretrained(tmp_path / "ck")
+    again = MultiTokenModel.from_pretrained(tmp_path / "ck", loss_chunk_size=7)
+    assert again.loss_chunk_size == 7
+    assert any("lora_" in n for n, _ in again.base_model.named_parameters())
+    for a, b in zip(again.heads.state_dict().values(), model.heads.state_dict().values()):
+        assert torch.equal(a, b)
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "labels": torch.tensor([[-100, 6, 7, 8, 9]])}
+    model.eval(), again.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch).loss, model(**batch).loss)

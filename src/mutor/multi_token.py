@@ -275,16 +275,23 @@ class MultiTokenModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,
-                        **model_kwargs: Any) -> "MultiTokenModel":
+                        loss_chunk_size: Optional[int] = None, **model_kwargs: Any) -> "MultiTokenModel":
+        """Restore a checkpoint saved by :meth:`save_pretrained` (a peft adapter directory works too);
+        ``loss_chunk_size`` is the constructor's (not saved), ``model_kwargs`` go to the base's ``from_pretrained``."""
         path = Path(path)
         for f in (MT_CONFIG, MT_WEIGHTS):
             if not (path / f).is_file():
                 raise FileNotFoundError(f"{path} has no {f}: not a checkpoint written by MultiTokenModel")
         config = MultiTokenConfig.from_dict(json.loads((path / MT_CONFIG).read_text()))
         if base is None:
-            from transformers import AutoModelForCausalLM
+            if (path / "adapter_config.json").is_file():     # on its recorded base (also a saved random init)
+                from .errors import load_peft_model
 
-            base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
-        model = cls(base, config)
+                base = load_peft_model(path, is_trainable=True, **model_kwargs)
+            else:
+                from transformers import AutoModelForCausalLM
+
+                base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
+        model = cls(base, config, loss_chunk_size=loss_chunk_size)
         model.load_sidecar(path)
         return model
