@@ -147,3 +147,20 @@ def test_cpu_register_rows_skip_the_register_register_block(monkeypatch):
     torch.testing.assert_close(fast.logits, generic.logits, atol=1e-5, rtol=1e-5)
     for name in g_fast:
         torch.testing.assert_close(g_fast[name], g_generic[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_split_under_cpu_bf16_autocast_equals_dense():
+    """Trainer's bf16 on CPU runs the forward under autocast (bf16 projections, fp32 rotary): the split path
+    must take it (it fell over in the raw CPU kernel) and agree with the dense path."""
+    base = make_model("llama")
+    cfg = MuToRConfig(d_max=3, seed=1)
+    split, dense = MuToRModel(base, cfg), MuToRModel(base, cfg, attention="dense")
+    dense.register_embeddings.load_state_dict(split.register_embeddings.state_dict())
+    batch = padded_batch()
+    offsets = torch.tensor([0, 1, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = split(**batch, offset_index=offsets)
+        b = dense(**batch, offset_index=offsets)
+        a.loss.backward()
+    torch.testing.assert_close(a.loss, b.loss, atol=2e-2, rtol=2e-2)
+    assert a.num_registers == b.num_registers > 0

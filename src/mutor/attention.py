@@ -150,7 +150,10 @@ def split_sdpa_attention(module, query, key, value, attention_mask, dropout: flo
     else:
         out_t = F.scaled_dot_product_attention(q_t, k_t, v_t, attn_mask=attention_mask[:, :, :T, :T], dropout_p=p,
                                                scale=scaling)                                   # (B, H, T, D)
-    if (p == 0.0 and query.device.type == "cpu" and attention_mask.data_ptr() in state.diagonal_masks
+    # the raw kernel takes one dtype and is not on autocast's cast list (bf16 autocast on CPU mixes
+    # bf16 projections with fp32 rotary outputs): there F.scaled_dot_product_attention does the casting
+    same_dtype = query.dtype == key.dtype == value.dtype and not torch.is_autocast_enabled(query.device.type)
+    if (p == 0.0 and query.device.type == "cpu" and same_dtype and attention_mask.data_ptr() in state.diagonal_masks
             and _flash_cpu_ops() is not None):
         bias, no_key = state.bias_for(attention_mask, query.dtype)                            # (B, 1, R, T)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
