@@ -298,3 +298,23 @@ def test_sample_shows_progress(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "sampling 2 images" in err and "4/4" in err
     assert os.path.isfile(tmp_path / "img" / "samples" / "codes.npy")
+
+
+def test_unreachable_hub_dataset_is_one_line_error(monkeypatch):
+    """A Hub dataset with no network and no local copy: one MutorUserError naming it, after one probe."""
+    import huggingface_hub
+
+    from mutor.data.text import load_rows
+    from mutor.errors import MutorUserError
+
+    calls = []
+
+    def no_network(*a, **kw):
+        calls.append(a)
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "dataset_info", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(MutorUserError, match="dataset 'nobody/no-such-data': cannot reach the Hugging Face Hub"):
+        load_rows(hub_id="nobody/no-such-data", split="test")
+    assert len(calls) == 1

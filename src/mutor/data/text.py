@@ -57,6 +57,37 @@ def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_conf
             raise ValueError(f"data.path {p!r}: cannot read it as {builder} ({type(err).__name__}: {err})") from None
     if hub_id is None:
         raise ValueError("give data.path (a local file) or a Hub dataset id")
+    return _load_hub_dataset(hub_id, hub_config, split)
+
+
+def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[str]):
+    """``load_dataset`` from the Hub after one quick question to it: unreachable, the local cache is used
+    (datasets' offline mode), and without one the failure is one line, not a minute of retries."""
+    import datasets
+    import huggingface_hub
+
+    from ..errors import HUB_PROBE_TIMEOUT_S, MutorUserError, _is_offline
+
+    if _is_offline():
+        return datasets.load_dataset(hub_id, hub_config, split=split)
+    try:
+        huggingface_hub.dataset_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
+    except huggingface_hub.utils.RepositoryNotFoundError:
+        raise MutorUserError(f"dataset {hub_id!r}: no such dataset on the Hugging Face Hub (or it is private); "
+                             "give data.path / --data, a local file") from None
+    except huggingface_hub.utils.GatedRepoError:
+        pass                      # datasets gives its own message about the token
+    except Exception as err:      # no network, DNS failure, timeout, proxy error: try the local cache only
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        before = datasets.config.HF_HUB_OFFLINE
+        datasets.config.HF_HUB_OFFLINE = True
+        try:
+            return datasets.load_dataset(hub_id, hub_config, split=split)
+        except Exception:
+            raise MutorUserError(f"dataset {hub_id!r}: cannot reach the Hugging Face Hub ({reason}) and it is not in "
+                                 "the local cache; connect, or give data.path / --data, a local file") from None
+        finally:
+            datasets.config.HF_HUB_OFFLINE = before
     return datasets.load_dataset(hub_id, hub_config, split=split)
 
 
