@@ -79,11 +79,7 @@ def measure(run: str, drafts: list[int], num_prompts: int, max_new_tokens: int |
                         out, st = generate(model, ids, max_new_tokens=new, draft_registers=k, eos_token_id=[],
                                            prefix_attention="causal")
                         if r == 0:
-                            for f in ("forwards", "new_tokens"):
-                                setattr(stats[k], f, getattr(stats[k], f) + getattr(st, f))
-                            for d in st.offered:
-                                stats[k].offered[d] = stats[k].offered.get(d, 0) + st.offered[d]
-                                stats[k].accepted[d] = stats[k].accepted.get(d, 0) + st.accepted.get(d, 0)
+                            stats[k].add(st)
                     seconds[m] += time.perf_counter() - t0
                     tokens[m] += out.shape[1] - ids.shape[1]
                     if ref is None:

@@ -49,6 +49,15 @@ class DraftStats:
         """Per offset d: accepted / offered (a draft is offered only when every earlier draft was kept)."""
         return {d: self.accepted.get(d, 0) / n for d, n in sorted(self.offered.items()) if n}
 
+    def add(self, other: "DraftStats") -> "DraftStats":
+        """Accumulate another run's counts into this one (returns self)."""
+        self.forwards += other.forwards
+        self.new_tokens += other.new_tokens
+        for d, n in other.offered.items():
+            self.offered[d] = self.offered.get(d, 0) + n
+            self.accepted[d] = self.accepted.get(d, 0) + other.accepted.get(d, 0)
+        return self
+
     def to_dict(self) -> dict:
         return {"forwards": self.forwards, "new_tokens": self.new_tokens,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),

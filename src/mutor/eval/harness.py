@@ -230,11 +230,7 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
             out, st = generate(drafter, torch.tensor([p]), n_new, K, eos_token_id=[] if eos_id is None else eos_id,
                                prefix_attention=mode)
             seconds += time.perf_counter() - t0
-            total.forwards += st.forwards
-            total.new_tokens += st.new_tokens
-            for d, n in st.offered.items():
-                total.offered[d] = total.offered.get(d, 0) + n
-                total.accepted[d] = total.accepted.get(d, 0) + st.accepted.get(d, 0)
+            total.add(st)
             new = out[0, len(p):].tolist()
             rows.append(new[:new.index(eos_id)] if eos_id in new else new)
         return rows
