@@ -132,6 +132,18 @@ def split_gathered_state_dict(state_dict: dict, own_prefix: str, own_keys: list[
     return base, own
 
 
+def load_base_model(path: Path, **model_kwargs: Any) -> nn.Module:
+    """The base model of a wrapper checkpoint: a peft adapter on its recorded base (a saved random init
+    too), trainable, or else a plain transformers checkpoint."""
+    if (path / "adapter_config.json").is_file():
+        from .errors import load_peft_model
+
+        return load_peft_model(path, is_trainable=True, **model_kwargs)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
+
+
 class MuToRModel(nn.Module):
     """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
 
@@ -381,14 +393,7 @@ class MuToRModel(nn.Module):
                                         "(a plain transformers checkpoint loads with AutoModelForCausalLM)")
         config = MuToRConfig.from_dict(json.loads((path / SIDECAR_CONFIG).read_text()))
         if base is None:
-            if (path / "adapter_config.json").is_file():     # on its recorded base (also a saved random init)
-                from .errors import load_peft_model
-
-                base = load_peft_model(path, is_trainable=True, **model_kwargs)
-            else:
-                from transformers import AutoModelForCausalLM
-
-                base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
+            base = load_base_model(path, **model_kwargs)
         model = cls(base, config, attention=attention, loss_chunk_size=loss_chunk_size)
         model.load_sidecar(path)
         return model

@@ -37,7 +37,8 @@ from .config import MuToRConfig
 from .io import replace_directory
 from .layout import IGNORE_INDEX, build_layout
 from .masks import SUPPORTED_ATTENTION, attention_windows, build_attention_mask
-from .model import MuToROutput, _inner_model, check_loss_chunking, prepare_inputs, split_gathered_state_dict
+from .model import (MuToROutput, _inner_model, check_loss_chunking, load_base_model, prepare_inputs,
+                    split_gathered_state_dict)
 from .support import check_supported
 
 MT_CONFIG = "multi_token_config.json"
@@ -82,6 +83,14 @@ def _parts(inner: nn.Module):
         raise ValueError(f"the Multi-Token baseline supports causal LMs built as model.layers + model.norm + lm_head "
                          f"(llama, mistral, qwen2/3, gemma 1/2/3, ...); {type(inner).__name__} is not")
     return layers, norm, head
+
+
+def head_target_layout(labels: torch.Tensor, k: int, attention_mask=None, position_ids=None):
+    """Where head ``k`` has a target: every ``x_t`` whose ``x_{t+k}`` is supervised and in the same document
+    (Gloeckle et al.'s objective, prompt positions included: not MuToR's within-answer register rule),
+    as a register layout with offset ``k`` (``reg_source``: the positions, ``reg_labels``: the targets)."""
+    head_k = MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target")
+    return build_layout(labels, head_k, attention_mask, position_ids)
 
 
 class MultiTokenModel(nn.Module):
@@ -191,8 +200,7 @@ class MultiTokenModel(nn.Module):
         rest = args[1:]
         head_rows, head_tgt = [], []
         for k, head in enumerate(self.heads, start=2):
-            lay = build_layout(labels, MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target"),
-                               attention_mask, position_ids)
+            lay = head_target_layout(labels, k, attention_mask, position_ids)
             h = head(trunk, *rest, **kw)
             h = h[0] if isinstance(h, tuple) else h                                     # (B, T, C)
             head_rows.append(h[torch.arange(h.shape[0], device=dev)[:, None].expand_as(lay.reg_source)[lay.reg_valid],
@@ -284,14 +292,7 @@ class MultiTokenModel(nn.Module):
                 raise FileNotFoundError(f"{path} has no {f}: not a checkpoint written by MultiTokenModel")
         config = MultiTokenConfig.from_dict(json.loads((path / MT_CONFIG).read_text()))
         if base is None:
-            if (path / "adapter_config.json").is_file():     # on its recorded base (also a saved random init)
-                from .errors import load_peft_model
-
-                base = load_peft_model(path, is_trainable=True, **model_kwargs)
-            else:
-                from transformers import AutoModelForCausalLM
-
-                base = AutoModelForCausalLM.from_pretrained(str(path), **model_kwargs)
+            base = load_base_model(path, **model_kwargs)
         model = cls(base, config, loss_chunk_size=loss_chunk_size)
         model.load_sidecar(path)
         return model

@@ -46,7 +46,6 @@ from typing import Any, Callable, Optional
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .config import MuToRConfig
 from .layout import IGNORE_INDEX, build_layout, sample_offsets
 from .model import MuToRModel
 
@@ -87,11 +86,12 @@ def count_aux_targets(wrapper: torch.nn.Module, batch: dict) -> int:
             batch["offset_index"] = sample_offsets(cfg, labels.shape[0], wrapper._generator)
         layout = build_layout(labels, cfg, am, pos, batch["offset_index"], generator=torch.Generator())
         return layout.num_registers
+    from .multi_token import head_target_layout
+
     d_max = int(wrapper.multi_token_config.d_max)
     total = 0
     for k in range(2, d_max + 1):
-        head_k = MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target")   # every x_t with x_{t+k} supervised
-        total += build_layout(labels, head_k, am, pos).num_registers
+        total += head_target_layout(labels, k, am, pos).num_registers
     return total
 
 
