@@ -67,7 +67,7 @@ def test_every_block_is_validated_before_any_method_trains(tmp_path, monkeypatch
         raise AssertionError("trained or built a model before validating the recipe")
 
     monkeypatch.setattr(train, "train_method", must_not_run)
-    monkeypatch.setattr(train, "build_base_model", must_not_run)
+    monkeypatch.setattr(train, "build_base_model", must_not_run)   # train.py's own name for it (mutor.build)
     cases = [("multi_token.d_max=0", "MultiTokenConfig.d_max"),
              ("training.max_stepz=3", "'max_stepz': did you mean 'max_steps'?"),
              ("lora.rank=8", "recipe lora: unknown key(s) ['rank']"),

@@ -12,7 +12,7 @@ from mutor.data.templates import TASKS, get_task, render_completion, render_prom
 from mutor.data.text import build_template_task
 from mutor.recipe import CONFIG_DIR, load_recipe
 from mutor.testing import byte_tokenizer
-from mutor.train import training_arguments
+from mutor.build import training_arguments
 
 FIX = Path(__file__).parent / "fixtures" / "data"
 

@@ -232,7 +232,7 @@ def test_chunked_loss_applies_to_the_next_token_baseline_too():
     for speed and memory), and that loss is still the plain next-token loss."""
     from types import SimpleNamespace
 
-    from mutor.train import wrap_for_method
+    from mutor.build import wrap_for_method
 
     recipe = load_recipe(dict(RECIPE, method="next_token", loss_chunk_size=5))
     base = tiny_causal_lm(259, seed=0)

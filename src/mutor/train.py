@@ -34,159 +34,18 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
-from .data.registry import TaskData, build_task, registered_tasks
-from .errors import MutorUserError, from_pretrained
+from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
+                    rotary_grid, save_random_lora_base, training_arguments, wrap_for_method)
+from .data.registry import build_task, registered_tasks
+from .errors import MutorUserError
 from .io import atomic_write, write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
-__all__ = ["run_recipe", "train_method", "build_tokenizer", "build_base_model", "wrap_for_method",
-           "training_arguments"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# ------------------------------------------------------------------ building
-def build_tokenizer(recipe: Recipe):
-    m = recipe.model
-    if m.tokenizer == "none":
-        return None
-    name = m.tokenizer if m.tokenizer is not None else m.name_or_path
-    if name is None:
-        return None
-    if m.tokenizer is None and Path(name).is_dir() and not any(
-            (Path(name) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None                               # a local model of a tokenizer-less task (star graphs, images)
-    if name == "byte":
-        from .testing import byte_tokenizer
-
-        return byte_tokenizer()
-    from transformers import AutoTokenizer
-
-    tok = from_pretrained(AutoTokenizer.from_pretrained, name,
-                          "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer")
-    if tok.pad_token_id is None and tok.eos_token_id is not None:
-        tok.pad_token = tok.eos_token             # right padding is masked anyway
-    return tok
-
-
-def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn.Module:
-    """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task (seeded)."""
-    m = recipe.model
-    dtype = _DTYPES[m.dtype]
-    if m.name_or_path is not None:
-        from transformers import AutoModelForCausalLM
-
-        if m.config_overrides:
-            raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
-        return _positions(from_pretrained(AutoModelForCausalLM.from_pretrained, m.name_or_path, "model.name_or_path",
-                                          dtype=dtype, attn_implementation=m.attn_implementation), m, task)
-    from .testing import tiny_causal_lm
-
-    if task.vocab_size is not None:
-        vocab = task.vocab_size
-    elif tokenizer is not None:
-        vocab = len(tokenizer)
-    else:
-        raise ValueError(f"task {recipe.data['task']!r} gives no vocabulary size and there is no tokenizer; "
-                         "set model.tokenizer")
-    d_extra = max(int(recipe.mutor.get("d_max", 4)), 1) * int(recipe.mutor.get("grid_width") or 1)
-    max_pos = max(2048, (task.max_length or 0) + d_extra + 8)
-    kw = dict(max_position_embeddings=max_pos, pad_token_id=task.pad_token_id, bos_token_id=task.bos_token_id,
-              eos_token_id=task.eos_token_id)
-    kw.update(m.config_overrides)
-    torch.manual_seed(recipe.seed)
-    model = tiny_causal_lm(vocab, m.preset, attn_implementation=m.attn_implementation, **kw)
-    return _positions(model.to(dtype), m, task)
-
-
-def _rotary_grid(task: TaskData) -> dict:
-    """``use_rotary_2d`` arguments for the task's token grid (also what ``task_info.json`` records)."""
-    grid = task.mutor_overrides
-    if "grid_width" not in grid:
-        raise ValueError("model.rotary_2d needs an image task (digits, image_codes): this task has no token grid")
-    return {"width": int(grid["grid_width"]), "grid_start": int(grid.get("grid_start", 0))}
-
-
-def _positions(model: torch.nn.Module, m, task: TaskData) -> torch.nn.Module:
-    """``model.rotary_2d``: swap in 2D rotary positions over the task's grid."""
-    if not m.rotary_2d:
-        return model
-    from .image.rotary2d import use_rotary_2d
-
-    return use_rotary_2d(model, **_rotary_grid(task))
-
-
-def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
-    """The task's grid settings apply to 2D offsets only (a 1D run on image tokens ignores the grid)."""
-    if recipe.mutor.get("d_max_2d") is not None:
-        return dict(task.mutor_overrides)
-    return {k: v for k, v in task.mutor_overrides.items() if k not in ("grid_width", "grid_start")}
-
-
-def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TaskData) -> torch.nn.Module:
-    """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
-    if method == "next_token":
-        if recipe.prefix_attention == "causal" and recipe.loss_chunk_size is None:
-            return base
-        from .model import MuToRModel
-
-        # same forward as the plain model (with the prefix mask, or the chunked loss, so the
-        # baseline gets what MuToR gets); loss_weight 0 places no register
-        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)),
-                          loss_chunk_size=recipe.loss_chunk_size)
-    if method == "mutor":
-        from .model import MuToRModel
-
-        return MuToRModel(base, recipe.mutor_config(**_grid_overrides(recipe, task)),
-                          loss_chunk_size=recipe.loss_chunk_size)
-    if method == "multi_token":
-        from .multi_token import MultiTokenConfig, MultiTokenModel
-
-        if "prefix_attention" in recipe.multi_token:
-            raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
-        return MultiTokenModel(base, MultiTokenConfig.from_dict({**recipe.multi_token,
-                                                                 "prefix_attention": recipe.prefix_attention}),
-                               loss_chunk_size=recipe.loss_chunk_size)
-    raise ValueError(f"unknown method {method!r}")
-
-
-def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
-    if not lora:
-        return base
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as err:  # pragma: no cover
-        raise ImportError("recipe.lora needs peft: pip install 'mutor[peft]'") from err
-    cfg = dict(lora)
-    cfg.setdefault("task_type", "CAUSAL_LM")
-    try:
-        return get_peft_model(base, LoraConfig(**cfg))
-    except (TypeError, ValueError) as err:
-        raise MutorUserError(f"recipe lora: {err}") from None
-
-
-def training_arguments(recipe: Recipe, output_dir: Path):
-    from transformers import TrainingArguments
-
-    defaults = dict(output_dir=str(output_dir), seed=recipe.seed, logging_steps=10, save_strategy="steps",
-                    save_steps=500, report_to=["tensorboard"], remove_unused_columns=False,
-                    lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
-                    dataloader_pin_memory=torch.cuda.is_available())
-    args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
-    try:
-        return TrainingArguments(**args)
-    except (TypeError, ValueError) as err:
-        raise MutorUserError(f"recipe training: {err} (fields of transformers.TrainingArguments)") from None
-
-
-def count_parameters(model: torch.nn.Module) -> dict:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    return {"total": total, "trainable": trainable}
+__all__ = ["run_recipe", "train_method"]
 
 
 # ------------------------------------------------------------------- running
@@ -323,9 +182,9 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
         save_random_lora_base(base, output_dir)
     base = apply_lora(base, r.lora)
     if random_base:
-        _record_lora_base(base, LORA_BASE_DIR)
+        record_lora_base(base, LORA_BASE_DIR)
     elif r.lora and Path(r.model.name_or_path).is_dir():
-        _record_lora_base(base, str(Path(r.model.name_or_path).resolve()))
+        record_lora_base(base, str(Path(r.model.name_or_path).resolve()))
     lora_params = count_parameters(base)["total"] - base_params
     model = wrap_for_method(base, r, method, task)
     params = count_parameters(model)
@@ -342,7 +201,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
                            processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
     info = {"task": r.data["task"], **task.info}
     if r.model.rotary_2d:
-        info["rotary_2d"] = _rotary_grid(task)          # read back by image.rotary2d.apply_saved_rotary_2d
+        info["rotary_2d"] = rotary_grid(task)          # read back by image.rotary2d.apply_saved_rotary_2d
     write_json_atomic(output_dir / "task_info.json", info)
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -370,26 +229,6 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     write_json_atomic(output_dir / "summary.json", summary)
     return summary
 
-
-LORA_BASE_DIR = "base"
-
-
-def save_random_lora_base(base: torch.nn.Module, output_dir: Path) -> None:
-    """LoRA on a random-init base: the base weights go to ``output_dir/base``, before LoRA wraps them.
-
-    peft saves only the adapter, with ``base_model_name_or_path`` null for a model built from a
-    config: without this copy the run could not be loaded at all. :func:`_record_lora_base` then
-    makes every adapter the run saves (checkpoints and the final one) record ``"base"``;
-    :func:`mutor.io.lora_base_dir` finds it beside the adapter or one level up (``checkpoint-N``).
-    """
-    base.save_pretrained(output_dir / LORA_BASE_DIR)
-
-
-def _record_lora_base(peft_model: torch.nn.Module, base: str) -> None:
-    """What every adapter of the run records as its base: ``"base"`` (the saved random init) or a local
-    base's absolute path (a relative one would only resolve from the training's working directory)."""
-    for cfg in peft_model.peft_config.values():
-        cfg.base_model_name_or_path = base
 
 
 def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[str]] = None,
