@@ -102,7 +102,12 @@ def build_layout(
     offset_index: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
 ) -> RegisterLayout:
-    """Decide every register of a batch. All work is batched tensor ops on ``labels.device``."""
+    """Decide every register of a batch. All work is batched tensor ops on ``labels.device``.
+
+    Steps, top to bottom: the regular stream (documents, supervision, attention limits), one offset
+    per row, which tokens may carry a register, which of them get a slot, and the registers' own
+    position ids, labels and attention. Random draws (``generator``, else torch's global RNG), in this
+    order: the offsets (when ``offset_index`` is None), then the placement (when ``num_registers`` is set)."""
     if labels.dim() != 2:
         raise ValueError(f"labels must be (batch, seq_len), got shape {tuple(labels.shape)}")
     B, T = labels.shape
@@ -118,57 +123,14 @@ def build_layout(
     supervised = (labels != IGNORE_INDEX) & am                                      # (B, T)
     ntp_labels = torch.full_like(labels, IGNORE_INDEX)
     ntp_labels[:, :-1] = labels[:, 1:]                                              # transformers' shift
+    limit = _regular_limits(config, ar, am, start, doc, supervised)                 # (B, T)
 
-    # ---- attention limit of regular tokens (bidirectional prefix = prompt of each document)
-    limit = ar.clone()
-    if config.prefix_attention == "bidirectional":
-        target_idx = torch.where(supervised & ~start, ar, T)                        # first answer token per doc
-        first = torch.full((B, T), T, device=dev, dtype=torch.long)
-        first = first.scatter_reduce(1, doc.clamp(min=0), target_idx, reduce="amin")
-        answer_start = first.gather(1, doc.clamp(min=0))                            # (B, T)
-        in_prefix = am & (ar < answer_start)
-        limit = torch.where(in_prefix, answer_start - 1, ar).clamp(max=T - 1)
+    offset_index, d = _row_offsets(config, B, dev, offset_index, generator)          # (B,), (B,)
+    eligible = _eligible_sources(config, ar, am, pos, doc, supervised, offset_index, d)  # (B, T)
+    src, valid = _register_slots(config, eligible, generator)                       # (B, R), (B, R)
 
-    # ---- offsets and eligibility
-    choices = config.offset_choices()
-    if offset_index is None:
-        offset_index = sample_offsets(config, B, generator)
-    offset_index = offset_index.to(dev).long()
-    if offset_index.shape != (B,) or bool((offset_index < 0).any()) or bool((offset_index >= len(choices)).any()):
-        raise ValueError(f"offset_index must be ({B},) with values in [0, {len(choices)})")
-    d_table = torch.tensor([config.raster_offset(c) for c in choices], device=dev)
-    d = d_table[offset_index]                                                       # (B,)
-    tgt = ar + d[:, None]                                                           # (B, T)
-    tgt_c = tgt.clamp(max=T - 1)
-    eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
-    if config.register_placement == "within_answer":                                 # paper 3.3
-        next_supervised = torch.zeros_like(supervised)
-        next_supervised[:, :-1] = supervised[:, 1:] & (doc[:, 1:] == doc[:, :-1])   # (B, T): x_{t+1} is an answer token
-        eligible &= next_supervised
-    if config.loss_weight == 0:
-        eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing
-    if config.is_2d:
-        dw = torch.tensor([c[1] for c in choices], device=dev)[offset_index]        # (B,)
-        rel = pos - config.grid_start
-        eligible &= (rel >= 0) & ((rel % config.grid_width) + dw[:, None] - 1 < config.grid_width)
-
-    # ---- choose the register slots: sorted source indices, valid ones first
-    if config.num_registers is None:
-        key = torch.where(eligible, ar, ar + T)
-        src = key.sort(dim=1).values                                                # (B, T)
-    else:
-        score = torch.rand((B, T), generator=generator).to(dev)
-        score = torch.where(eligible, score, 2.0)
-        k = min(config.num_registers, T)
-        picked = score.topk(k, dim=1, largest=False).indices                         # (B, k)
-        ok = eligible.gather(1, picked)
-        src = torch.where(ok, picked, picked + T).sort(dim=1).values
-    counts = eligible.sum(1) if config.num_registers is None else eligible.sum(1).clamp(max=config.num_registers)
-    R = int(counts.max()) if B > 0 else 0
-    src = src[:, :R]
-    valid = torch.arange(R, device=dev)[None, :] < counts[:, None]                  # (B, R)
-    src = torch.where(valid, src, 0)
-
+    # ---- each register: target x_{t+d}, the position id of x_{t+d-1}, its source's document and limit
+    R = src.shape[1]
     reg_tgt = (src + d[:, None]).clamp(max=T - 1)
     reg_labels = torch.where(valid, labels.gather(1, reg_tgt), IGNORE_INDEX)        # (B, R)
     reg_pos = torch.where(valid, pos.gather(1, src) + d[:, None] - 1, 0)            # (B, R)
@@ -187,3 +149,85 @@ def build_layout(
         reg_valid=valid,
         offset_index=offset_index,
     )
+
+
+def _regular_limits(
+    config: MuToRConfig, ar: torch.Tensor, am: torch.Tensor, start: torch.Tensor, doc: torch.Tensor,
+    supervised: torch.Tensor,
+) -> torch.Tensor:
+    """(B, T) attention limit of each regular token: itself, or under a bidirectional prefix the last
+    prompt token of its document for a prompt token (the prompt ends before the first answer token)."""
+    B, T = ar.shape
+    limit = ar.clone()
+    if config.prefix_attention == "bidirectional":
+        target_idx = torch.where(supervised & ~start, ar, T)                        # first answer token per doc
+        first = torch.full((B, T), T, device=ar.device, dtype=torch.long)
+        first = first.scatter_reduce(1, doc.clamp(min=0), target_idx, reduce="amin")
+        answer_start = first.gather(1, doc.clamp(min=0))                            # (B, T)
+        in_prefix = am & (ar < answer_start)
+        limit = torch.where(in_prefix, answer_start - 1, ar).clamp(max=T - 1)
+    return limit
+
+
+def _row_offsets(
+    config: MuToRConfig, B: int, dev: torch.device, offset_index: Optional[torch.Tensor],
+    generator: Optional[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offset_index, d)``, both (B,): each row's offset choice (sampled when not given) and its
+    sequence offset d (the raster offset in 2D mode)."""
+    choices = config.offset_choices()
+    if offset_index is None:
+        offset_index = sample_offsets(config, B, generator)
+    offset_index = offset_index.to(dev).long()
+    if offset_index.shape != (B,) or bool((offset_index < 0).any()) or bool((offset_index >= len(choices)).any()):
+        raise ValueError(f"offset_index must be ({B},) with values in [0, {len(choices)})")
+    d_table = torch.tensor([config.raster_offset(c) for c in choices], device=dev)
+    return offset_index, d_table[offset_index]                                      # (B,), (B,)
+
+
+def _eligible_sources(
+    config: MuToRConfig, ar: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
+    supervised: torch.Tensor, offset_index: torch.Tensor, d: torch.Tensor,
+) -> torch.Tensor:
+    """(B, T) bool: regular token x_t may carry a register (the eligibility rule of the module docstring)."""
+    T = ar.shape[1]
+    tgt = ar + d[:, None]                                                           # (B, T)
+    tgt_c = tgt.clamp(max=T - 1)
+    eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
+    if config.register_placement == "within_answer":                                 # paper 3.3
+        next_supervised = torch.zeros_like(supervised)
+        next_supervised[:, :-1] = supervised[:, 1:] & (doc[:, 1:] == doc[:, :-1])   # (B, T): x_{t+1} is an answer token
+        eligible &= next_supervised
+    if config.loss_weight == 0:
+        eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing
+    if config.is_2d:
+        dw = torch.tensor([c[1] for c in config.offset_choices()], device=ar.device)[offset_index]  # (B,)
+        rel = pos - config.grid_start
+        eligible &= (rel >= 0) & ((rel % config.grid_width) + dw[:, None] - 1 < config.grid_width)
+    return eligible
+
+
+def _register_slots(
+    config: MuToRConfig, eligible: torch.Tensor, generator: Optional[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, valid)``, both (B, R): the source index of each register slot, sorted, valid ones
+    first (0 on empty slots), and whether the slot holds a register. R is the largest count in the batch.
+    All eligible tokens, or ``config.num_registers`` of them drawn at random (one (B, T) CPU draw)."""
+    B, T = eligible.shape
+    dev = eligible.device
+    ar = torch.arange(T, device=dev).expand(B, T)                                   # (B, T)
+    if config.num_registers is None:
+        key = torch.where(eligible, ar, ar + T)
+        src = key.sort(dim=1).values                                                # (B, T)
+    else:
+        score = torch.rand((B, T), generator=generator).to(dev)
+        score = torch.where(eligible, score, 2.0)
+        k = min(config.num_registers, T)
+        picked = score.topk(k, dim=1, largest=False).indices                         # (B, k)
+        ok = eligible.gather(1, picked)
+        src = torch.where(ok, picked, picked + T).sort(dim=1).values
+    counts = eligible.sum(1) if config.num_registers is None else eligible.sum(1).clamp(max=config.num_registers)
+    R = int(counts.max()) if B > 0 else 0
+    src = src[:, :R]
+    valid = torch.arange(R, device=dev)[None, :] < counts[:, None]                  # (B, R)
+    return torch.where(valid, src, 0), valid
