@@ -88,7 +88,7 @@ def test_empty_data_file_is_named(tmp_path, capsys):
 
 
 def _tiny_model_dir(path: Path) -> Path:
-    from mutor.testing import tiny_causal_lm
+    from mutor.presets import tiny_causal_lm
 
     torch.manual_seed(0)
     tiny_causal_lm(64, "tiny-llama").save_pretrained(path)
@@ -287,7 +287,7 @@ def test_sample_shows_progress(tmp_path, capsys):
     from mutor.image.data import ImageLayout
 
     layout = ImageLayout(codebook_size=4, num_classes=2, height=2, width=2, levels=4)
-    from mutor.testing import tiny_causal_lm
+    from mutor.presets import tiny_causal_lm
 
     torch.manual_seed(0)
     tiny_causal_lm(layout.vocab_size, "tiny-llama").save_pretrained(tmp_path / "img")

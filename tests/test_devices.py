@@ -22,7 +22,8 @@ from mutor.devices import model_device, resolve_device, resolve_dtype
 from mutor.eval.generation import greedy_generate
 from mutor.image.data import ImageLayout, bits_per_token
 from mutor.image.sample import sample_codes
-from mutor.testing import byte_tokenizer, tiny_causal_lm
+from mutor.presets import tiny_causal_lm
+from mutor.testing import byte_tokenizer
 
 TASK = sg.StarGraphTask(degree=2, path_len=4, num_nodes=20)
 DIGITS = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)

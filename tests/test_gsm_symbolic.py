@@ -114,7 +114,7 @@ def test_eval_reads_the_runs_data_options(tmp_path):
 def test_mutor_eval_scores_both_test_splits(tmp_path):
     """`mutor eval --task gsm_symbolic` on a tiny random model: both splits, each its own compare column."""
     from mutor.eval.harness import evaluate_model, get_eval_task
-    from mutor.testing import tiny_causal_lm
+    from mutor.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
     model = tiny_causal_lm(len(tok), seed=0).eval()
@@ -138,7 +138,7 @@ def test_checkpoint_selection_on_validation_reports_both_test_splits(tmp_path):
     test_new_templates, each written as its own selection summary (two columns in `mutor compare`)."""
     from mutor.eval.compare import collect_summaries, comparison_table
     from mutor.eval.harness import evaluate_checkpoints
-    from mutor.testing import tiny_causal_lm
+    from mutor.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
     (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: gsm_symbolic, num_test: 3, "

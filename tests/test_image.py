@@ -13,7 +13,7 @@ from mutor.image.data import ImageLayout, ImageTokenDataset, load_codes, load_di
 from mutor.image.metrics import frechet_distance, precision_recall
 from mutor.image.sample import sample_codes
 from mutor.layout import build_layout
-from mutor.testing import tiny_causal_lm
+from mutor.presets import tiny_causal_lm
 
 LAYOUT = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)
 

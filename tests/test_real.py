@@ -54,7 +54,7 @@ def test_a_file_that_is_not_gguf_is_named(tmp_path, monkeypatch):
 
 
 def test_model_too_large_for_memory_is_refused(tmp_path, monkeypatch):
-    from mutor.testing import tiny_causal_lm
+    from mutor.presets import tiny_causal_lm
 
     tiny_causal_lm(64, seed=0).save_pretrained(tmp_path / "m")
     n = real.dir_parameter_count(tmp_path / "m")

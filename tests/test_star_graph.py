@@ -12,7 +12,7 @@ import torch
 from mutor.cli import build_parser, main
 from mutor.collator import PaddingCollator
 from mutor.data import star_graph as demo
-from mutor.testing import tiny_causal_lm
+from mutor.presets import tiny_causal_lm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TASKS = [demo.StarGraphTask(), demo.StarGraphTask(degree=3, path_len=4, num_nodes=20),

@@ -14,8 +14,9 @@ from mutor import MuToRConfig, MuToRModel
 from mutor.collator import PaddingCollator
 from mutor.layout import build_layout
 from mutor.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.presets import tiny_causal_lm
 from mutor.recipe import load_recipe
-from mutor.testing import byte_tokenizer, tiny_causal_lm
+from mutor.testing import byte_tokenizer
 from mutor.train import run_recipe
 from mutor.trainer import MuToRTrainer
 

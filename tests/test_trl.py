@@ -24,7 +24,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from mutor import MuToRConfig, MuToRModel  # noqa: E402
 from mutor.multi_token import MultiTokenConfig, MultiTokenModel  # noqa: E402
-from mutor.testing import tiny_causal_lm  # noqa: E402
+from mutor.presets import tiny_causal_lm  # noqa: E402
 from mutor.trl import MuToRSFTTrainer  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 

@@ -57,7 +57,7 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
             raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
         return _positions(from_pretrained(AutoModelForCausalLM.from_pretrained, m.name_or_path, "model.name_or_path",
                                           dtype=dtype, attn_implementation=m.attn_implementation), m, task)
-    from .testing import tiny_causal_lm
+    from .presets import tiny_causal_lm
 
     if task.vocab_size is not None:
         vocab = task.vocab_size

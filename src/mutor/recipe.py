@@ -158,7 +158,7 @@ class ModelArgs:
                                         "name_or_path: pypi:smollm2-135m-instruct | pypi:gemma-3-270m."})
     preset: str = field(
         default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
-                                                "mutor.testing.PRESETS (tiny-llama, small-llama, ...)."})
+                                                "mutor.presets.PRESETS (tiny-llama, small-llama, ...)."})
     tokenizer: Optional[str] = field(
         default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, 'none', "
                                         "or None: name_or_path's tokenizer if it has one (tokenizer-less tasks need "
