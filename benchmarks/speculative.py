@@ -40,7 +40,7 @@ def _prompts(run: Path, n: int) -> tuple[list[list[int]], int, str]:
         test = make_examples(t, min(n, int(data.get("num_test", 500))), seed=2 * seed + 1)   # the held-out split
         return [ex.prompt_ids() for ex in test], t.path_len, "star_graph"
     if task == "digits":
-        from mutor.image.data import ImageLayout
+        from mutor.image.tokens import ImageLayout
 
         levels = int(data.get("levels", 8))
         lay = ImageLayout(codebook_size=levels, num_classes=10, height=8, width=8, levels=levels)

@@ -284,7 +284,7 @@ def test_absent_offsets_are_nan_not_zero():
 
 
 def test_sample_shows_progress(tmp_path, capsys):
-    from mutor.image.data import ImageLayout
+    from mutor.image.tokens import ImageLayout
 
     layout = ImageLayout(codebook_size=4, num_classes=2, height=2, width=2, levels=4)
     from mutor.presets import tiny_causal_lm

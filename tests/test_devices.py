@@ -20,8 +20,9 @@ from device_spy import SENTINEL, DeviceRecord, SentinelMode, on_sentinel, sentin
 from mutor.data import star_graph as sg
 from mutor.devices import model_device, resolve_device, resolve_dtype
 from mutor.eval.generation import greedy_generate
-from mutor.image.data import ImageLayout, bits_per_token
+from mutor.image.metrics import bits_per_token
 from mutor.image.sample import sample_codes
+from mutor.image.tokens import ImageLayout
 from mutor.presets import tiny_causal_lm
 from mutor.testing import byte_tokenizer
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from mutor import MuToRConfig
-from mutor.image.data import ImageLayout, ImageTokenDataset, load_codes, load_digits_split
+from mutor.image.data import ImageTokenDataset, load_codes, load_digits_split
 from mutor.image.metrics import frechet_distance, precision_recall
 from mutor.image.sample import sample_codes
+from mutor.image.tokens import ImageLayout
 from mutor.layout import build_layout
 from mutor.presets import tiny_causal_lm
 

@@ -11,9 +11,9 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.image.data import ImageLayout
 from mutor.image.rotary2d import GridRotaryEmbedding, apply_saved_rotary_2d, use_rotary_2d
 from mutor.image.sample import sample_codes
+from mutor.image.tokens import ImageLayout
 from mutor.presets import tiny_causal_lm
 from test_equivalence import TOL, register_refs, run_mutor
 

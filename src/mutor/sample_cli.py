@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def _layout(model_dir: Path):
-    from .image.data import ImageLayout
+    from .image.tokens import ImageLayout
     from .io import run_json_files
 
     for info in run_json_files(model_dir, "task_info.json"):

@@ -22,56 +22,18 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from ..data.registry import TaskData, register_task
+from ..data.registry import TrainingData, register_task
 from ..layout import IGNORE_INDEX
+from .metrics import bits_per_token, sample_metrics
+from .tokens import ImageLayout, quantize
 
-__all__ = ["ImageLayout", "ImageTokenDataset", "load_digits_split", "quantize", "dequantize"]
-
-
-@dataclass(frozen=True)
-class ImageLayout:
-    """Token ids and grid of one image-token vocabulary (saved with a run as ``image_layout.json``)."""
-
-    codebook_size: int
-    num_classes: int
-    height: int
-    width: int
-    levels: Optional[int] = None          # digits: intensity levels (codes are levels)
-
-    @property
-    def null_class(self) -> int:
-        return self.codebook_size + self.num_classes
-
-    @property
-    def vocab_size(self) -> int:
-        return self.codebook_size + self.num_classes + 1
-
-    @property
-    def num_tokens(self) -> int:
-        return self.height * self.width
-
-    def class_token(self, c: int) -> int:
-        return self.codebook_size + int(c)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def quantize(pixels: np.ndarray, levels: int, max_value: float = 16.0) -> np.ndarray:
-    """Pixel intensities in [0, max_value] to integer codes 0..levels-1 (equal-width bins)."""
-    return np.clip(np.floor(pixels / max_value * levels), 0, levels - 1).astype(np.int64)
-
-
-def dequantize(codes: np.ndarray, levels: int) -> np.ndarray:
-    """Codes back to intensities in [0, 1] (bin centres)."""
-    return (np.asarray(codes, dtype=np.float64) + 0.5) / levels
+__all__ = ["ImageTokenDataset", "build_digits", "build_image_codes", "load_codes", "load_digits_split"]
 
 
 def load_digits_split(levels: int = 8, test_fraction: float = 0.2):
@@ -125,24 +87,7 @@ class _EpochCallback(TrainerCallback):
         self.dataset.epoch = int(state.epoch or 0)
 
 
-@torch.no_grad()
-def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, batch_size: int = 256) -> float:
-    """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token."""
-    from ..devices import model_device
-
-    dev = model_device(model)
-    total, n = 0.0, 0
-    for i in range(0, len(codes), batch_size):
-        c = torch.as_tensor(codes[i:i + batch_size], device=dev)
-        cls = torch.as_tensor(labels[i:i + batch_size], device=dev) + layout.codebook_size
-        ids = torch.cat([cls[:, None], c], 1)                                            # (B, 1+HW)
-        logits = model(input_ids=ids).logits[:, :-1].float()                             # (B, HW, V)
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), c, reduction="sum")
-        total, n = total + float(ce), n + c.numel()
-    return total / n / math.log(2)
-
-
-def _image_task(train, test, layout: ImageLayout, options: dict, seed: int, evaluate_samples: bool) -> TaskData:
+def _image_task(train, test, layout: ImageLayout, options: dict, seed: int, evaluate_samples: bool) -> TrainingData:
     ds = ImageTokenDataset(train[0], train[1], layout, float(options.get("class_dropout", 0.1)),
                            int(options.get("data_seed", seed)))
     per_class = int(options.get("eval_samples_per_class", 20))
@@ -151,14 +96,12 @@ def _image_task(train, test, layout: ImageLayout, options: dict, seed: int, eval
     def evaluator(model, step: int) -> dict:
         out = {"bits_per_token": bits_per_token(model, test[0], test[1], layout)}
         if evaluate_samples and per_class > 0:
-            from .metrics import sample_metrics
-
             out.update(sample_metrics(model, layout, train, test, per_class=per_class, scales=scales,
                                       seed=int(options.get("data_seed", seed))))
         return out
 
     primary = "fd" if evaluate_samples and per_class > 0 else "bits_per_token"
-    return TaskData(train_dataset=ds, vocab_size=layout.vocab_size, pad_token_id=layout.null_class,
+    return TrainingData(train_dataset=ds, vocab_size=layout.vocab_size, pad_token_id=layout.null_class,
                     bos_token_id=None, eos_token_id=None, max_length=1 + layout.num_tokens,
                     mutor_overrides={"grid_width": layout.width, "grid_start": 1}, evaluator=evaluator,
                     primary_metric=primary, primary_higher_is_better=False, callbacks=[_EpochCallback(ds)],
@@ -169,7 +112,7 @@ _DIGITS = {"levels", "class_dropout", "eval_samples_per_class", "cfg_scales", "d
 
 
 @register_task("digits")
-def build_digits(options: dict, tokenizer, seed: int) -> TaskData:
+def build_digits(options: dict, tokenizer, seed: int) -> TrainingData:
     unknown = sorted(set(options) - _DIGITS)
     if unknown:
         raise ValueError(f"digits: unknown option(s) {unknown}; known: {sorted(_DIGITS)}")
@@ -216,7 +159,7 @@ def load_codes(path: str, labels_path: Optional[str] = None) -> tuple[np.ndarray
 
 
 @register_task("image_codes")
-def build_image_codes(options: dict, tokenizer, seed: int) -> TaskData:
+def build_image_codes(options: dict, tokenizer, seed: int) -> TrainingData:
     unknown = sorted(set(options) - _CODES)
     if unknown:
         raise ValueError(f"image_codes: unknown option(s) {unknown}; known: {sorted(_CODES)}")

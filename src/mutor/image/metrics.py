@@ -1,8 +1,9 @@
-"""Sample quality on the embedded digits data, with nothing downloaded.
+"""Held-out bits per token, and sample quality on the embedded digits data, with nothing downloaded.
 
-Features come from a small classifier trained in-project on the training split (scikit-learn's
-``MLPClassifier``, one hidden layer of 64 ReLU units, fixed seed); an image's feature vector is
-its hidden activation. In that space:
+``bits_per_token`` is the teacher-forced cross-entropy of the image tokens given the true class
+(any image task). For sample quality, features come from a small classifier trained in-project
+on the training split (scikit-learn's ``MLPClassifier``, one hidden layer of 64 ReLU units,
+fixed seed); an image's feature vector is its hidden activation. In that space:
 
 * Fréchet distance (FD) between Gaussian fits of real test images and samples, the FID formula;
 * precision / recall with k = 3 nearest neighbours (Kynkäänniemi et al., 2019): the share of
@@ -16,15 +17,34 @@ FID/IS suite (ADM's evaluator) on the images; see the README.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .data import ImageLayout, dequantize
+from .sample import sample_codes
+from .tokens import ImageLayout, dequantize
 
-__all__ = ["frechet_distance", "precision_recall", "FeatureClassifier", "sample_metrics"]
+__all__ = ["bits_per_token", "frechet_distance", "precision_recall", "FeatureClassifier", "sample_metrics"]
+
+
+@torch.no_grad()
+def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, batch_size: int = 256) -> float:
+    """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token."""
+    from ..devices import model_device
+
+    dev = model_device(model)
+    total, n = 0.0, 0
+    for i in range(0, len(codes), batch_size):
+        c = torch.as_tensor(codes[i:i + batch_size], device=dev)
+        cls = torch.as_tensor(labels[i:i + batch_size], device=dev) + layout.codebook_size
+        ids = torch.cat([cls[:, None], c], 1)                                            # (B, 1+HW)
+        logits = model(input_ids=ids).logits[:, :-1].float()                             # (B, HW, V)
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), c, reduction="sum")
+        total, n = total + float(ce), n + c.numel()
+    return total / n / math.log(2)
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
@@ -93,8 +113,6 @@ def classifier_for(train: tuple, levels: int) -> FeatureClassifier:
 def sample_metrics(model, layout: ImageLayout, train: tuple, test: tuple, per_class: int = 20,
                    scales: Sequence[float] = (1.0, 2.0, 3.0), seed: int = 0, main_scale: float = 2.0) -> dict:
     """FD / precision / recall at ``main_scale`` (the paper's s=2), class accuracy at every scale, the floor."""
-    from .sample import sample_codes
-
     clf = classifier_for(train, layout.levels or layout.codebook_size)
     classes = [c for c in range(layout.num_classes) for _ in range(per_class)]
     real = clf.features(test[0])

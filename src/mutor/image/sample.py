@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .data import ImageLayout, dequantize
+from .tokens import ImageLayout, dequantize
 
 __all__ = ["sample_codes", "save_grid_png"]
 
