@@ -32,10 +32,10 @@ def _prompts(run: Path, n: int) -> tuple[list[list[int]], int, str]:
     data = dict(recipe.get("data") or {})
     task = data.get("task")
     if task == "star_graph":
-        from mutor.data.star_graph import StarGraphTask, make_examples
+        from mutor.data.star_graph import StarGraphShape, make_examples
 
-        t = StarGraphTask(degree=int(data.get("degree", 2)), path_len=int(data.get("path_len", 5)),
-                          num_nodes=int(data.get("num_nodes", 50)))
+        t = StarGraphShape(degree=int(data.get("degree", 2)), path_len=int(data.get("path_len", 5)),
+                           num_nodes=int(data.get("num_nodes", 50)))
         seed = int(data.get("data_seed", recipe.get("seed", 0)))
         test = make_examples(t, min(n, int(data.get("num_test", 500))), seed=2 * seed + 1)   # the held-out split
         return [ex.prompt_ids() for ex in test], t.path_len, "star_graph"

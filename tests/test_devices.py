@@ -26,7 +26,7 @@ from mutor.image.tokens import ImageLayout
 from mutor.presets import tiny_causal_lm
 from mutor.testing import byte_tokenizer
 
-TASK = sg.StarGraphTask(degree=2, path_len=4, num_nodes=20)
+TASK = sg.StarGraphShape(degree=2, path_len=4, num_nodes=20)
 DIGITS = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)
 LAYOUT = ImageLayout(codebook_size=4, num_classes=3, height=3, width=3)      # small: fast sampling, no PNGs
 

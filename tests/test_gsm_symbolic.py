@@ -14,7 +14,7 @@ pytest.importorskip("reasoning_gym")
 
 from mutor.data.gsm_symbolic import (DEFAULTS, GSM_SYMBOLIC, gsm_symbolic_examples, gsm_symbolic_splits,  # noqa: E402
                                      make_split, template_ids)
-from mutor.data.registry import build_task  # noqa: E402
+from mutor.data.registry import build_training_data  # noqa: E402
 from mutor.errors import MutorUserError  # noqa: E402
 from mutor.eval import metrics  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
@@ -74,8 +74,9 @@ def test_gold_chain_of_thought_scores_correct_on_every_template():
 
 def test_training_rows_use_the_papers_gsm8k_template():
     tok = byte_tokenizer()
-    task = build_task("gsm_symbolic", {"num_train": 12, "num_validation": 4, "num_test": 8, "max_length": 4096},
-                      tok, seed=0)   # bytes: nothing is dropped
+    task = build_training_data("gsm_symbolic",
+                               {"num_train": 12, "num_validation": 4, "num_test": 8, "max_length": 4096},
+                               tok, seed=0)   # bytes: nothing is dropped
     rows = gsm_symbolic_splits(num_train=12, num_validation=4, num_test=8)["train"]
     assert len(task.train_dataset) == 12 and len(task.eval_dataset) == 4
     ex, row = task.train_dataset[0], rows[0]
@@ -92,11 +93,11 @@ def test_training_rows_use_the_papers_gsm8k_template():
 def test_bad_options_are_named():
     tok = byte_tokenizer()
     with pytest.raises(MutorUserError, match="num_trian"):
-        build_task("gsm_symbolic", {"num_trian": 3}, tok, 0)
+        build_training_data("gsm_symbolic", {"num_trian": 3}, tok, 0)
     with pytest.raises(MutorUserError, match="no split"):
         template_ids("dev")
     with pytest.raises(ValueError, match="tokenizer"):
-        build_task("gsm_symbolic", {}, None, 0)
+        build_training_data("gsm_symbolic", {}, None, 0)
 
 
 def test_eval_reads_the_runs_data_options(tmp_path):
@@ -113,12 +114,12 @@ def test_eval_reads_the_runs_data_options(tmp_path):
 
 def test_mutor_eval_scores_both_test_splits(tmp_path):
     """`mutor eval --task gsm_symbolic` on a tiny random model: both splits, each its own compare column."""
-    from mutor.eval.harness import evaluate_model, get_eval_task
+    from mutor.eval.harness import evaluate_model, get_benchmark
     from mutor.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
     model = tiny_causal_lm(len(tok), seed=0).eval()
-    task = get_eval_task("gsm_symbolic")
+    task = get_benchmark("gsm_symbolic")
     assert task.test_splits == ("test", "test_new_templates")
     out = {}
     for split in task.test_splits:

@@ -82,14 +82,14 @@ def test_image_codes_files(tmp_path):
     np.save(tmp_path / "c.npy", codes)
     with pytest.raises(ValueError, match="labels_path"):
         load_codes(str(tmp_path / "c.npy"))
-    from mutor.data import build_task
+    from mutor.data import build_training_data
 
-    task = build_task("image_codes", {"path": str(tmp_path / "c.npz"), "codebook_size": 16, "num_classes": 4,
-                                      "test_fraction": 0.2}, None, 0)
+    task = build_training_data("image_codes", {"path": str(tmp_path / "c.npz"), "codebook_size": 16,
+                                               "num_classes": 4, "test_fraction": 0.2}, None, 0)
     assert task.vocab_size == 21 and task.mutor_overrides == {"grid_width": 4, "grid_start": 1}
     assert task.info["num_test"] == 4 and len(task.train_dataset) == 16
     with pytest.raises(ValueError, match="needs data.codebook_size"):
-        build_task("image_codes", {"path": str(tmp_path / "c.npz"), "num_classes": 4}, None, 0)
+        build_training_data("image_codes", {"path": str(tmp_path / "c.npz"), "num_classes": 4}, None, 0)
 
 
 # -------------------------------------------------------------- sampling

@@ -13,13 +13,13 @@ pytest.importorskip("reasoning_gym")
 import reasoning_gym  # noqa: E402
 
 from mutor.data.path_star import parse_path_star, path_star_examples  # noqa: E402
-from mutor.data.star_graph import NUM_SPECIAL, StarGraphTask, evaluate, is_valid_path  # noqa: E402
+from mutor.data.star_graph import NUM_SPECIAL, StarGraphShape, evaluate, is_valid_path  # noqa: E402
 from mutor.errors import MutorUserError  # noqa: E402
 
 
 @pytest.mark.parametrize("degree, path_len, num_nodes", [(2, 3, 20), (2, 5, 50), (3, 4, 40)])
 def test_mapping_preserves_the_graph_and_its_gold_path(degree, path_len, num_nodes):
-    task = StarGraphTask(degree=degree, path_len=path_len, num_nodes=num_nodes)
+    task = StarGraphShape(degree=degree, path_len=path_len, num_nodes=num_nodes)
     exs = path_star_examples(task, 40, seed=3)
     items = reasoning_gym.create_dataset("path_star", size=80, seed=3, degree=degree,
                                          min_path_length=path_len - 1, max_path_length=path_len - 1)
@@ -49,7 +49,7 @@ def _arm_end(out, node):
 
 
 def test_training_problems_are_excluded_and_the_set_is_deterministic():
-    task = StarGraphTask(degree=2, path_len=3, num_nodes=6)     # few labels: collisions with training happen
+    task = StarGraphShape(degree=2, path_len=3, num_nodes=6)     # few labels: collisions with training happen
     first = path_star_examples(task, 30, seed=0)
     assert path_star_examples(task, 30, seed=0) == first
     banned = {ex.key for ex in first[:10]}
@@ -62,7 +62,7 @@ def test_our_evaluator_runs_on_them_and_agrees_with_an_oracle():
     evaluator exactly the prompts and answers it expects."""
     import torch
 
-    task = StarGraphTask(degree=2, path_len=4, num_nodes=30)
+    task = StarGraphShape(degree=2, path_len=4, num_nodes=30)
     exs = path_star_examples(task, 16, seed=1)
     gold = {tuple(ex.prompt_ids()): ex.answer_ids() for ex in exs}
 
@@ -92,7 +92,7 @@ def test_mutor_eval_run_source_path_star(tmp_path):
 
     (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: star_graph, degree: 2, path_len: 3, "
                                           "num_nodes: 20, num_train: 200, num_test: 12}\n")
-    shape = StarGraphTask(degree=2, path_len=3, num_nodes=20)
+    shape = StarGraphShape(degree=2, path_len=3, num_nodes=20)
     tiny_causal_lm(shape.vocab_size, seed=0).save_pretrained(tmp_path)
     res = evaluate_run_task(str(tmp_path), output_dir=str(tmp_path / "out"), source="path_star", device="cpu")
     assert res["task"] == "star_graph:path_star" and res["source"] == "path_star" and res["n"] == 12

@@ -12,11 +12,12 @@ import torch
 from mutor.cli import build_parser, main
 from mutor.collator import PaddingCollator
 from mutor.data import star_graph as demo
+from mutor.eval.generation import left_pad
 from mutor.presets import tiny_causal_lm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TASKS = [demo.StarGraphTask(), demo.StarGraphTask(degree=3, path_len=4, num_nodes=20),
-         demo.StarGraphTask(degree=2, path_len=3, num_nodes=6)]
+TASKS = [demo.StarGraphShape(), demo.StarGraphShape(degree=3, path_len=4, num_nodes=20),
+         demo.StarGraphShape(degree=2, path_len=3, num_nodes=6)]
 
 
 # ----------------------------------------------------------------------- task
@@ -50,7 +51,7 @@ def test_answer_path_follows_listed_edges(task):
 
 
 def test_tokens_and_labels():
-    task = demo.StarGraphTask()
+    task = demo.StarGraphShape()
     ex = demo.make_examples(task, 1, seed=0)[0]
     item = demo.StarGraphDataset([ex])[0]
     prompt, answer = ex.prompt_ids(), ex.answer_ids()
@@ -65,7 +66,7 @@ def test_tokens_and_labels():
 
 
 def test_generator_is_deterministic_per_seed():
-    task = demo.StarGraphTask(degree=2, path_len=4, num_nodes=20)
+    task = demo.StarGraphShape(degree=2, path_len=4, num_nodes=20)
     a = demo.make_examples(task, 100, seed=7)
     assert a == demo.make_examples(task, 100, seed=7)
     assert a != demo.make_examples(task, 100, seed=8)
@@ -76,7 +77,7 @@ def test_generator_is_deterministic_per_seed():
     assert demo.make_examples(task, 100, seed=7) == a
 
 
-@pytest.mark.parametrize("task", [demo.StarGraphTask(), demo.StarGraphTask(degree=2, path_len=3, num_nodes=6)],
+@pytest.mark.parametrize("task", [demo.StarGraphShape(), demo.StarGraphShape(degree=2, path_len=3, num_nodes=6)],
                          ids=str)
 def test_test_examples_not_in_training(task):
     train, test = demo.split_examples(task, 400, 100, seed=0)
@@ -92,15 +93,15 @@ def test_test_examples_not_in_training(task):
 
 def test_too_few_nodes_or_graphs_raise():
     with pytest.raises(ValueError):
-        demo.StarGraphTask(degree=2, path_len=5, num_nodes=8)
-    tiny = demo.StarGraphTask(degree=2, path_len=3, num_nodes=5)       # 5 sources * 12 graphs * 2 goals = 120
+        demo.StarGraphShape(degree=2, path_len=5, num_nodes=8)
+    tiny = demo.StarGraphShape(degree=2, path_len=3, num_nodes=5)       # 5 sources * 12 graphs * 2 goals = 120
     assert len(demo.make_examples(tiny, 120, seed=0)) == 120
     with pytest.raises(RuntimeError):
         demo.make_examples(tiny, 121, seed=0)
 
 
 def test_is_valid_path_rejects_wrong_paths():
-    ex = demo.make_examples(demo.StarGraphTask(), 1, seed=5)[0]
+    ex = demo.make_examples(demo.StarGraphShape(), 1, seed=5)[0]
     other_arm = [v for u, v in ex.edges if u == ex.source and v != ex.path[1]][0]
     assert not demo.is_valid_path(ex, ex.path[::-1])
     assert not demo.is_valid_path(ex, ex.path[:-1])
@@ -115,18 +116,18 @@ def test_collators_pad_on_the_right_side():
     assert b["input_ids"].tolist() == [[5, 6, 7], [8, demo.PAD, demo.PAD]]
     assert b["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
     assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    ids, mask = demo.pad_left([[5, 6, 7], [8]])
+    ids, mask = left_pad([[5, 6, 7], [8]], demo.PAD)
     assert ids.tolist() == [[5, 6, 7], [demo.PAD, demo.PAD, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
 def test_batched_left_padded_greedy_matches_one_by_one():
     """Left padding must not change what greedy decoding produces (prompts of different lengths)."""
-    examples = (demo.make_examples(demo.StarGraphTask(degree=2, path_len=4, num_nodes=20), 3, seed=0)
-                + demo.make_examples(demo.StarGraphTask(degree=3, path_len=4, num_nodes=20), 3, seed=0))
-    task = demo.StarGraphTask(degree=3, path_len=4, num_nodes=20)
+    examples = (demo.make_examples(demo.StarGraphShape(degree=2, path_len=4, num_nodes=20), 3, seed=0)
+                + demo.make_examples(demo.StarGraphShape(degree=3, path_len=4, num_nodes=20), 3, seed=0))
+    task = demo.StarGraphShape(degree=3, path_len=4, num_nodes=20)
     base = tiny_causal_lm(task.vocab_size, seed=0, max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
-    ids, mask = demo.pad_left([ex.prompt_ids() for ex in examples])
+    ids, mask = left_pad([ex.prompt_ids() for ex in examples], demo.PAD)
     with torch.no_grad():
         batched = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
                                 do_sample=False)[:, ids.shape[1]:]
@@ -166,10 +167,10 @@ def test_star_graph_preset_names_match_their_graphs(name):
 
 
 def test_unknown_option_is_named():
-    from mutor.data import build_task
+    from mutor.data import build_training_data
 
     with pytest.raises(ValueError, match="colour"):
-        build_task("star_graph", {"colour": 1}, None)
+        build_training_data("star_graph", {"colour": 1}, None)
 
 
 def _finite_numbers(obj):

@@ -335,10 +335,10 @@ def test_overrides_are_yaml_and_dotted():
 
 
 def test_template_loss_only_on_completion_and_length_filter():
-    from mutor.data import build_task
+    from mutor.data import build_training_data
 
     tok = byte_tokenizer()
-    task = build_task("gsm8k", {"path": str(FIXTURE), "max_length": 120}, tok)
+    task = build_training_data("gsm8k", {"path": str(FIXTURE), "max_length": 120}, tok)
     assert task.info["dropped_too_long"] > 0
     assert task.info["num_examples"] + task.info["dropped_too_long"] == task.info["loaded"] == 64
     ex = task.train_dataset[0]

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .data.registry import TaskData
+from .data.registry import TrainingData
 from .errors import MutorUserError, from_pretrained
 from .recipe import Recipe
 
@@ -46,7 +46,7 @@ def build_tokenizer(recipe: Recipe):
     return tok
 
 
-def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn.Module:
+def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torch.nn.Module:
     """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task (seeded)."""
     m = recipe.model
     dtype = _DTYPES[m.dtype]
@@ -76,7 +76,7 @@ def build_base_model(recipe: Recipe, task: TaskData, tokenizer=None) -> torch.nn
     return _positions(model.to(dtype), m, task)
 
 
-def rotary_grid(task: TaskData) -> dict:
+def rotary_grid(task: TrainingData) -> dict:
     """``use_rotary_2d`` arguments for the task's token grid (also what ``task_info.json`` records)."""
     grid = task.mutor_overrides
     if "grid_width" not in grid:
@@ -84,7 +84,7 @@ def rotary_grid(task: TaskData) -> dict:
     return {"width": int(grid["grid_width"]), "grid_start": int(grid.get("grid_start", 0))}
 
 
-def _positions(model: torch.nn.Module, m, task: TaskData) -> torch.nn.Module:
+def _positions(model: torch.nn.Module, m, task: TrainingData) -> torch.nn.Module:
     """``model.rotary_2d``: swap in 2D rotary positions over the task's grid."""
     if not m.rotary_2d:
         return model
@@ -93,14 +93,14 @@ def _positions(model: torch.nn.Module, m, task: TaskData) -> torch.nn.Module:
     return use_rotary_2d(model, **rotary_grid(task))
 
 
-def _grid_overrides(recipe: Recipe, task: TaskData) -> dict:
+def _grid_overrides(recipe: Recipe, task: TrainingData) -> dict:
     """The task's grid settings apply to 2D offsets only (a 1D run on image tokens ignores the grid)."""
     if recipe.mutor.get("d_max_2d") is not None:
         return dict(task.mutor_overrides)
     return {k: v for k, v in task.mutor_overrides.items() if k not in ("grid_width", "grid_start")}
 
 
-def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TaskData) -> torch.nn.Module:
+def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TrainingData) -> torch.nn.Module:
     """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
     if method == "next_token":
         if recipe.prefix_attention == "causal" and recipe.loss_chunk_size is None:

@@ -8,14 +8,14 @@ import json
 
 def add_parser(sub) -> None:
     from .devices import DTYPES
-    from .eval.harness import EVAL_TASKS
+    from .eval.harness import BENCHMARKS
 
     p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
                        description="Greedy decoding with the training prompt template, then the paper's metric. "
                                    "With --checkpoints, every checkpoint-* of a run is scored and the best one is "
                                    "picked on validation (AQUA-RAT, SAMSum, DialogSum) or test (GSM8K, MATH500).")
     p.add_argument("--task", required=True,
-                   help=f"a text benchmark ({', '.join(sorted(EVAL_TASKS))}) or 'run' for the synthetic task a "
+                   help=f"a text benchmark ({', '.join(sorted(BENCHMARKS))}) or 'run' for the synthetic task a "
                         "model was trained on (star_graph, digits: read from the run's recipe.yaml)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
@@ -87,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(json.dumps(result, indent=2))
         return 0
-    from .eval.harness import EVAL_TASKS, evaluate_checkpoints, evaluate_model
+    from .eval.harness import BENCHMARKS, evaluate_checkpoints, evaluate_model
 
-    if args.task not in EVAL_TASKS:
-        raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(EVAL_TASKS)}, or 'run'")
+    if args.task not in BENCHMARKS:
+        raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(BENCHMARKS)}, or 'run'")
     common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
                   max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet,
                   device=args.device, dtype=args.dtype)
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
                                       output_dir=args.output_dir, **common)
     else:
-        from .eval.harness import get_eval_task, load_model_and_tokenizer
+        from .eval.harness import get_benchmark, load_model_and_tokenizer
 
-        task = get_eval_task(args.task)
+        task = get_benchmark(args.task)
         splits = [args.split] if args.split else list(task.test_splits)
         known = list(dict.fromkeys(["test", "validation", *task.test_splits]))
         if args.split not in (None, *known):

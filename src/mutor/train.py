@@ -40,7 +40,7 @@ import torch
 
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
                     rotary_grid, save_random_lora_base, training_arguments, wrap_for_method)
-from .data.registry import build_task, registered_tasks
+from .data.registry import build_training_data, registered_tasks
 from .errors import MutorUserError
 from .io import atomic_write, write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
@@ -173,7 +173,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     tokenizer = build_tokenizer(r)
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
                for k, v in r.data.items() if k not in ("task", "packing")}
-    task = build_task(r.data["task"], options, tokenizer, r.seed)
+    task = build_training_data(r.data["task"], options, tokenizer, r.seed)
     packing = r.data.get("packing", task.packing)
     base = build_base_model(r, task, tokenizer)
     base_params = count_parameters(base)["total"]

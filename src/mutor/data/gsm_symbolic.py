@@ -6,7 +6,7 @@ new instance from a ``random.Random`` and returns the question, its chain of tho
 style, ending ``#### <number>``; checked for every template in the tests) and the answer.
 Nothing is downloaded and every instance is a pure function of its seed string.
 
-Rendering is the paper's GSM8K template (appendix A), the same :data:`GSM_SYMBOLIC` text task
+Rendering is the paper's GSM8K template (appendix A), the same :data:`GSM_SYMBOLIC` text template
 for training and evaluation: prompt ``"Question: {question}\\n\\nAnswer:"``, completion
 ``" {answer}"`` (the chain of thought) followed by eos, the loss on the completion only, and
 exact match on the final number with the GSM8K metric (:func:`mutor.eval.metrics.gsm8k_correct`).
@@ -33,8 +33,8 @@ from random import Random
 from typing import Any, Optional
 
 from ..errors import MutorUserError
-from .registry import TaskData, register_task
-from .templates import TextTask
+from .registry import TrainingData, register_task
+from .templates import TextTemplate
 
 __all__ = ["GSM_SYMBOLIC", "SPLITS", "EVAL_SPLITS", "template_ids", "make_split", "gsm_symbolic_examples"]
 
@@ -42,9 +42,9 @@ SPLITS = ("train", "validation", "test", "test_new_templates")
 EVAL_SPLITS = ("test", "test_new_templates")       # what `mutor eval --task gsm_symbolic` reports
 _SUFFIX = " Give the result as your final answer. Do not include units."
 
-GSM_SYMBOLIC = TextTask(
+GSM_SYMBOLIC = TextTemplate(
     name="gsm_symbolic", hub_id="reasoning-gym:gsm_symbolic (generated in process)",
-    prompt="Question: {question}\n\nAnswer:", completion=" {answer}", answer_field="answer", metric="gsm8k",
+    prompt="Question: {question}\n\nAnswer:", completion=" {answer}", answer_field="answer",
     splits={s: s for s in SPLITS}, max_length=512, max_new_tokens=300, selection="validation",
     notes="GSM-Symbolic templates from reasoning-gym; test = new instances of the training templates, "
           "test_new_templates = templates never seen in training; checkpoints are picked on validation.")
@@ -160,7 +160,7 @@ def gsm_symbolic_examples(split: str, limit: Optional[int] = None, model_path: O
 
 
 @register_task("gsm_symbolic")
-def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TaskData:
+def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData:
     """Options: ``num_train`` (2000), ``num_validation`` (100; the eval loss set and checkpoint selection),
     ``num_test`` (500 per test split), ``data_seed`` (0; not the run's seed), ``heldout_every`` (5),
     ``max_length`` (512 tokens; longer training examples are dropped), ``num_proc``."""
@@ -201,6 +201,6 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TaskData:
             "heldout_templates": len(template_ids("test_new_templates", o["heldout_every"])),
             "eval_examples": len(eval_ds) if eval_ds is not None else 0, "num_test": o["num_test"],
             "data_seed": o["data_seed"]}
-    return TaskData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
-                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                    max_length=max_length, info=info)
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        max_length=max_length, info=info)

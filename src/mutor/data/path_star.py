@@ -4,7 +4,7 @@ reasoning-gym (``pip install "mutor[real]"``) generates path-star graphs with it
 random streams and its own text format: a natural-language instruction, then
 ``|u v|u v|.../s g = `` with node labels up to ``node_range`` (100,000), and the answer
 ``"s a1 ... g"``. Its ``path_length`` counts the nodes of one arm *without* the centre; ours
-(:class:`~mutor.data.star_graph.StarGraphTask`) counts the answer path *with* the source, so
+(:class:`~mutor.data.star_graph.StarGraphShape`) counts the answer path *with* the source, so
 reasoning-gym's ``path_length`` is our ``path_len - 1`` and its ``degree`` is ours.
 
 What is unusual here: nothing of reasoning-gym's metadata is trusted on its own. Each graph is read
@@ -26,7 +26,7 @@ from random import Random
 from typing import Optional
 
 from ..errors import MutorUserError
-from .star_graph import Example, StarGraphTask, is_valid_path
+from .star_graph import Example, StarGraphShape, is_valid_path
 
 __all__ = ["parse_path_star", "relabel", "path_star_examples"]
 
@@ -50,13 +50,13 @@ def parse_path_star(item: dict) -> tuple[list[tuple[int, int]], int, int, list[i
     return edges, source, goal, path
 
 
-def _check_shape(edges, source, goal, path, task: StarGraphTask) -> None:
+def _check_shape(edges, source, goal, path, shape: StarGraphShape) -> None:
     out = {}
     for u, v in edges:
         out.setdefault(u, []).append(v)
     arms = out.get(source, [])
-    ok = len(edges) == task.num_edges and len(arms) == task.degree and path[0] == source and path[-1] == goal \
-        and len(path) == task.path_len
+    ok = len(edges) == shape.num_edges and len(arms) == shape.degree and path[0] == source and path[-1] == goal \
+        and len(path) == shape.path_len
     for first in arms if ok else []:
         chain, node = [first], first
         while node in out:
@@ -65,25 +65,25 @@ def _check_shape(edges, source, goal, path, task: StarGraphTask) -> None:
                 break
             node = out[node][0]
             chain.append(node)
-        ok = ok and len(chain) == task.path_len - 1
+        ok = ok and len(chain) == shape.path_len - 1
     ok = ok and all((u, v) in set(edges) for u, v in zip(path[:-1], path[1:]))
     if not ok:
-        raise ValueError(f"a path_star graph is not a G({task.degree},{task.path_len}) path-star graph: "
+        raise ValueError(f"a path_star graph is not a G({shape.degree},{shape.path_len}) path-star graph: "
                          f"edges {edges}, source {source}, goal {goal}, path {path}")
 
 
-def relabel(edges, source: int, goal: int, path, task: StarGraphTask, rng: Random) -> Example:
-    """The same graph with its labels mapped one-to-one onto ``task.num_nodes`` ids (drawn from ``rng``)."""
+def relabel(edges, source: int, goal: int, path, shape: StarGraphShape, rng: Random) -> Example:
+    """The same graph with its labels mapped one-to-one onto ``shape.num_nodes`` ids (drawn from ``rng``)."""
     labels = sorted({x for e in edges for x in e})
-    ids = dict(zip(labels, rng.sample(range(task.num_nodes), len(labels))))
+    ids = dict(zip(labels, rng.sample(range(shape.num_nodes), len(labels))))
     ex = Example(edges=tuple((ids[u], ids[v]) for u, v in edges), source=ids[source], goal=ids[goal],
                  path=tuple(ids[x] for x in path))
     assert is_valid_path(ex, ex.path) and ex.path[-1] == ex.goal
     return ex
 
 
-def path_star_examples(task: StarGraphTask, n: int, seed: int = 0, exclude: Optional[set] = None) -> list[Example]:
-    """``n`` reasoning-gym path-star graphs of ``task``'s shape, in our labels and layout.
+def path_star_examples(shape: StarGraphShape, n: int, seed: int = 0, exclude: Optional[set] = None) -> list[Example]:
+    """``n`` reasoning-gym path-star graphs of ``shape``, in our labels and layout.
 
     Graphs whose problem is in ``exclude`` (training keys) are skipped and replaced by further items."""
     if importlib.util.find_spec("reasoning_gym") is None:
@@ -91,19 +91,19 @@ def path_star_examples(task: StarGraphTask, n: int, seed: int = 0, exclude: Opti
                              "(or pip install reasoning-gym)")
     import reasoning_gym
 
-    if task.num_nodes < task.nodes_per_graph:
-        raise MutorUserError(f"path_star: num_nodes={task.num_nodes} < {task.nodes_per_graph} nodes per graph")
+    if shape.num_nodes < shape.nodes_per_graph:
+        raise MutorUserError(f"path_star: num_nodes={shape.num_nodes} < {shape.nodes_per_graph} nodes per graph")
     size = n + 64
-    items = reasoning_gym.create_dataset("path_star", size=size * 2, seed=seed, degree=task.degree,
-                                         min_path_length=task.path_len - 1, max_path_length=task.path_len - 1)
+    items = reasoning_gym.create_dataset("path_star", size=size * 2, seed=seed, degree=shape.degree,
+                                         min_path_length=shape.path_len - 1, max_path_length=shape.path_len - 1)
     out: list[Example] = []
     seen = set(exclude or ())
     for i in range(len(items)):
         if len(out) == n:
             break
         edges, source, goal, path = parse_path_star(items[i])
-        _check_shape(edges, source, goal, path, task)
-        ex = relabel(edges, source, goal, path, task, Random(f"path_star/{seed}/{i}"))
+        _check_shape(edges, source, goal, path, shape)
+        ex = relabel(edges, source, goal, path, shape, Random(f"path_star/{seed}/{i}"))
         if ex.key in seen:
             continue
         seen.add(ex.key)

@@ -1,12 +1,12 @@
 """The task registry: how a recipe's ``data.task`` name becomes datasets, a vocabulary and an evaluator.
 
-A task builder is a function ``build(options: dict, tokenizer, seed: int) -> TaskData``,
+A task is a builder, a function ``build(options: dict, tokenizer, seed: int) -> TrainingData``,
 registered under a name with :func:`register_task`. ``options`` is the recipe's ``data``
 block minus ``task``; a builder must reject options it does not know (``ValueError`` naming
 them). Text tasks use the tokenizer; synthetic tasks (star graphs, image codes) ignore it
 and say how big the vocabulary is, and the recipe builds a model of that size from config.
 
-Builders are registered lazily: :func:`build_task` imports the module that defines a name
+Builders are registered lazily: :func:`build_training_data` imports the module that defines a name
 the first time it is asked for, so importing mutor stays cheap.
 """
 
@@ -16,12 +16,12 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["TaskData", "register_task", "build_task", "registered_tasks"]
+__all__ = ["TrainingData", "register_task", "build_training_data", "registered_tasks"]
 
 
 @dataclass
-class TaskData:
-    """What a task gives the trainer.
+class TrainingData:
+    """What a task gives the trainer: its built datasets, the model size they need, and its evaluator.
 
     Datasets yield dicts with ``input_ids`` and ``labels`` (lists of ints, -100 where no loss),
     optionally ``position_ids`` for packed rows. ``evaluator(model, step) -> dict`` computes
@@ -45,7 +45,7 @@ class TaskData:
     packing: bool = False                     # the task's default for data.packing (plain text: True)
 
 
-_BUILDERS: dict[str, Callable[..., TaskData]] = {}
+_BUILDERS: dict[str, Callable[..., TrainingData]] = {}
 
 # name -> module that registers it (imported on first use)
 _LAZY = {
@@ -65,8 +65,8 @@ _LAZY = {
 }
 
 
-def register_task(name: str) -> Callable[[Callable[..., TaskData]], Callable[..., TaskData]]:
-    def deco(fn: Callable[..., TaskData]) -> Callable[..., TaskData]:
+def register_task(name: str) -> Callable[[Callable[..., TrainingData]], Callable[..., TrainingData]]:
+    def deco(fn: Callable[..., TrainingData]) -> Callable[..., TrainingData]:
         _BUILDERS[name] = fn
         return fn
 
@@ -77,7 +77,8 @@ def registered_tasks() -> list[str]:
     return sorted(set(_BUILDERS) | set(_LAZY))
 
 
-def build_task(name: str, options: Optional[dict] = None, tokenizer: Any = None, seed: int = 0) -> TaskData:
+def build_training_data(name: str, options: Optional[dict] = None, tokenizer: Any = None,
+                        seed: int = 0) -> TrainingData:
     if name not in _BUILDERS and name in _LAZY:
         importlib.import_module(_LAZY[name])
     if name not in _BUILDERS:

@@ -26,16 +26,16 @@ from typing import Optional, Sequence
 import torch
 
 from ..collator import PaddingCollator
+from ..eval.generation import left_pad
 from ..layout import IGNORE_INDEX
-from .registry import TaskData, register_task
+from .registry import TrainingData, register_task
 
 PAD, EDGE_SEP, QUERY_SEP, ANSWER_SEP = 0, 1, 2, 3
 NUM_SPECIAL = 4
-_SPECIAL_TEXT = {PAD: "<pad>", EDGE_SEP: "|", QUERY_SEP: "/", ANSWER_SEP: "="}
 
 
 @dataclass(frozen=True)
-class StarGraphTask:
+class StarGraphShape:
     """Path-star graphs: ``degree`` arms of ``path_len - 1`` nodes from one source.
 
     ``path_len`` is the number of nodes on the answer path, source and goal included.
@@ -106,20 +106,20 @@ class Example:
         return f"{edges}/{self.source},{self.goal}=" + ",".join(str(n) for n in self.path)
 
 
-def sample_example(task: StarGraphTask, rng: random.Random) -> Example:
-    nodes = rng.sample(range(task.num_nodes), task.nodes_per_graph)
+def sample_example(shape: StarGraphShape, rng: random.Random) -> Example:
+    nodes = rng.sample(range(shape.num_nodes), shape.nodes_per_graph)
     source, rest = nodes[0], nodes[1:]
-    arms = [rest[i * (task.path_len - 1):(i + 1) * (task.path_len - 1)] for i in range(task.degree)]
+    arms = [rest[i * (shape.path_len - 1):(i + 1) * (shape.path_len - 1)] for i in range(shape.degree)]
     edges = []
     for arm in arms:
         chain = [source] + arm
         edges += list(zip(chain[:-1], chain[1:]))
     rng.shuffle(edges)
-    arm = arms[rng.randrange(task.degree)]
+    arm = arms[rng.randrange(shape.degree)]
     return Example(edges=tuple(edges), source=source, goal=arm[-1], path=(source, *arm))
 
 
-def make_examples(task: StarGraphTask, n: int, seed: int, exclude: Optional[set] = None) -> list[Example]:
+def make_examples(shape: StarGraphShape, n: int, seed: int, exclude: Optional[set] = None) -> list[Example]:
     """``n`` distinct examples, deterministic in ``seed``; none whose :attr:`Example.key` is in ``exclude``."""
     rng = random.Random(seed)
     seen = set(exclude or ())
@@ -128,8 +128,8 @@ def make_examples(task: StarGraphTask, n: int, seed: int, exclude: Optional[set]
     while len(out) < n:
         tries += 1
         if tries > 20 * n + 1000:
-            raise RuntimeError(f"could not draw {n} distinct star graphs of {task}; increase num_nodes")
-        ex = sample_example(task, rng)
+            raise RuntimeError(f"could not draw {n} distinct star graphs of {shape}; increase num_nodes")
+        ex = sample_example(shape, rng)
         if ex.key in seen:
             continue
         seen.add(ex.key)
@@ -137,10 +137,10 @@ def make_examples(task: StarGraphTask, n: int, seed: int, exclude: Optional[set]
     return out
 
 
-def split_examples(task: StarGraphTask, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
+def split_examples(shape: StarGraphShape, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
     """A held-out test set, then a training set that shares no problem with it (separate seeds)."""
-    test = make_examples(task, num_test, seed=2 * seed + 1)
-    train = make_examples(task, num_train, seed=2 * seed, exclude={ex.key for ex in test})
+    test = make_examples(shape, num_test, seed=2 * seed + 1)
+    train = make_examples(shape, num_train, seed=2 * seed, exclude={ex.key for ex in test})
     return train, test
 
 
@@ -170,17 +170,6 @@ class StarGraphDataset(torch.utils.data.Dataset):
         return {"input_ids": prompt + answer, "labels": [IGNORE_INDEX] * len(prompt) + answer}
 
 
-def pad_left(seqs: Sequence[Sequence[int]], pad_id: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad prompts for batched generation: (ids, attention_mask)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, T - len(s):] = torch.tensor(list(s))
-        mask[b, T - len(s):] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
     """Greedy decoding of the answer (batched, left-padded prompts) and held-out NTP loss.
@@ -205,7 +194,7 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
         for i in range(0, len(examples), batch_size):
             chunk = examples[i:i + batch_size]
             L = len(chunk[0].path)
-            ids, mask = pad_left([ex.prompt_ids() for ex in chunk])
+            ids, mask = left_pad([ex.prompt_ids() for ex in chunk], PAD)
             ids, mask = ids.to(dev), mask.to(dev)                                        # (B, P)
             out = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=L, min_new_tokens=L,
                                 do_sample=False, pad_token_id=PAD, eos_token_id=None)    # (B, P+L)
@@ -239,25 +228,25 @@ _OPTIONS = {"degree", "path_len", "num_nodes", "num_train", "num_test", "eval_ba
 
 
 @register_task("star_graph")
-def build_star_graph(options: dict, tokenizer, seed: int) -> TaskData:
+def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
     """Options: ``degree``, ``path_len``, ``num_nodes`` (the graph family), ``num_train`` (distinct training
     graphs), ``num_test`` (held-out graphs), ``eval_batch_size``, ``data_seed`` (default: the run's seed)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ValueError(f"star_graph: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
-    task = StarGraphTask(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
-                         num_nodes=int(options.get("num_nodes", 50)))
+    shape = StarGraphShape(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
+                           num_nodes=int(options.get("num_nodes", 50)))
     num_train, num_test = int(options.get("num_train", 20_000)), int(options.get("num_test", 500))
     if num_train < 1 or num_test < 1:
         raise ValueError(f"star_graph: num_train and num_test must be >= 1 (got {num_train}, {num_test})")
-    train, test = split_examples(task, num_train, num_test, int(options.get("data_seed", seed)))
+    train, test = split_examples(shape, num_train, num_test, int(options.get("data_seed", seed)))
     batch_size = int(options.get("eval_batch_size", 256))
 
     def evaluator(model, step: int) -> dict:
         return evaluate(model, test, batch_size=batch_size)
 
-    return TaskData(train_dataset=StarGraphDataset(train), vocab_size=task.vocab_size, pad_token_id=PAD,
-                    eos_token_id=None, bos_token_id=None, max_length=task.seq_len, evaluator=evaluator,
-                    primary_metric="solve_rate",
-                    info={"task": f"G({task.degree},{task.path_len}) over {task.num_nodes} nodes",
-                          "num_train": len(train), "num_test": len(test), "example": test[0].text()})
+    return TrainingData(train_dataset=StarGraphDataset(train), vocab_size=shape.vocab_size, pad_token_id=PAD,
+                        eos_token_id=None, bos_token_id=None, max_length=shape.seq_len, evaluator=evaluator,
+                        primary_metric="solve_rate",
+                        info={"task": f"G({shape.degree},{shape.path_len}) over {shape.num_nodes} nodes",
+                              "num_train": len(train), "num_test": len(test), "example": test[0].text()})

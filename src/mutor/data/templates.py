@@ -4,11 +4,12 @@ Training builds ``prompt + completion + eos`` with the loss on the completion on
 evaluation feeds exactly the same ``prompt`` and decodes greedily. Keeping both in one
 table is what makes "prompts identical to the training templates" true by construction.
 
-Each :class:`TextTask` names its Hub dataset (loaded with ``datasets.load_dataset`` by the
+Each :class:`TextTemplate` names its Hub dataset (loaded with ``datasets.load_dataset`` by the
 user's machine; nothing is downloaded in tests), the split used for each role, the paper's
-``max_length`` filter, the metric the evaluation harness applies to it, and the gold answer
-of an example. Templates are ``str.format`` strings over the dataset's own fields, after an
-optional ``prepare`` step that derives extra fields (AQUA-RAT's option list).
+``max_length`` filter and the field holding the gold answer of an example (how answers are
+scored is :class:`mutor.eval.harness.Benchmark`'s). Templates are ``str.format`` strings over
+the dataset's own fields, after an optional ``prepare`` step that derives extra fields
+(AQUA-RAT's option list).
 
 The paper (appendix A) gives the GSM8K template (``"Question: {question}\\n\\nAnswer:"`` then
 ``" " + answer + eos``) and the summarization one (``"Dialogue:\\n{dialogue}\\n\\nSummary:"``).
@@ -22,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-__all__ = ["TextTask", "TASKS", "get_task", "render_prompt", "render_completion", "reference_answer"]
+__all__ = ["TextTemplate", "TEMPLATES", "get_template", "render_prompt", "render_completion", "reference_answer"]
 
 
 def _identity(ex: dict) -> dict:
@@ -44,15 +45,14 @@ def _omi2_source(sources: tuple[str, ...]) -> Callable[[dict], bool]:
 
 
 @dataclass(frozen=True)
-class TextTask:
-    """One dataset as the paper uses it: where it lives, how it is rendered, how it is scored."""
+class TextTemplate:
+    """One text dataset as the paper uses it: where it lives, which splits, how an example is rendered."""
 
     name: str
     hub_id: str
     prompt: str                                   # str.format over the (prepared) example
     completion: str                               # ditto; starts with the separator (" " or "\n")
     answer_field: str                             # the gold answer the metric compares against
-    metric: str                                   # "gsm8k" | "math" | "aqua" | "rouge"
     splits: dict = field(default_factory=dict)    # role ("train"/"validation"/"test") -> Hub split name
     hub_config: Optional[str] = None
     max_length: int = 512                         # the paper drops longer training examples (tokens)
@@ -72,89 +72,86 @@ _QA_PROMPT = "Question: {question}\n\nAnswer:"
 _OMI2_PROMPT = "Question: {problem}\n\nAnswer:"
 _DIALOGUE_PROMPT = "Dialogue:\n{dialogue}\n\nSummary:"
 
-TASKS: dict[str, TextTask] = {}
+TEMPLATES: dict[str, TextTemplate] = {}
 
 
-def _add(task: TextTask) -> None:
-    TASKS[task.name] = task
+def _add(template: TextTemplate) -> None:
+    TEMPLATES[template.name] = template
 
 
-_add(TextTask(
+_add(TextTemplate(
     name="gsm8k", hub_id="openai/gsm8k", hub_config="main",
-    prompt=_QA_PROMPT, completion=" {answer}", answer_field="answer", metric="gsm8k",
+    prompt=_QA_PROMPT, completion=" {answer}", answer_field="answer",
     splits={"train": "train", "validation": None, "test": "test"}, max_length=512, max_new_tokens=512,
     notes="GSM8K solutions end with '#### <number>'; the metric reads that, else the last number."))
-_add(TextTask(
+_add(TextTemplate(
     name="omi2_1m_gsm", hub_id="nvidia/OpenMathInstruct-2",
-    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer", metric="gsm8k",
+    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer",
     splits={"train": "train_1M", "validation": None, "test": None},
     filter=_omi2_source(("gsm8k", "augmented_gsm8k")), max_length=512,
     notes="1M-GSM: OpenMathInstruct-2's 1M split, GSM-derived problems (~152K); evaluate on gsm8k."))
-_add(TextTask(
+_add(TextTemplate(
     name="omi2_2m_gsm", hub_id="nvidia/OpenMathInstruct-2",
-    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer", metric="gsm8k",
+    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer",
     splits={"train": "train_2M", "validation": None, "test": None},
     filter=_omi2_source(("gsm8k", "augmented_gsm8k")), max_length=512,
     notes="2M-GSM: OpenMathInstruct-2's 2M split, GSM-derived problems (~277K); evaluate on gsm8k."))
-_add(TextTask(
+_add(TextTemplate(
     name="omi2_1m_math", hub_id="nvidia/OpenMathInstruct-2",
-    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer", metric="math",
+    prompt=_OMI2_PROMPT, completion=" {generated_solution}", answer_field="expected_answer",
     splits={"train": "train_1M", "validation": None, "test": None},
     filter=_omi2_source(("math", "augmented_math")), sample=200_000, sample_seed=0, max_length=768,
     notes="1M-MATH: OpenMathInstruct-2's 1M split, MATH-derived problems, 200K sampled with a fixed seed; "
           "evaluate on math500."))
-_add(TextTask(
+_add(TextTemplate(
     name="math500", hub_id="HuggingFaceH4/MATH-500",
-    prompt=_OMI2_PROMPT, completion=" {solution}", answer_field="answer", metric="math",
+    prompt=_OMI2_PROMPT, completion=" {solution}", answer_field="answer",
     splits={"train": None, "validation": None, "test": "test"}, max_length=768, max_new_tokens=768,
     notes="Evaluation only (train on omi2_1m_math); the last \\boxed{} answer is compared with math-verify."))
-_add(TextTask(
+_add(TextTemplate(
     name="aqua_rat", hub_id="deepmind/aqua_rat", hub_config="raw",
     prompt="Question: {question}\nOptions:\n{options_text}\n\nAnswer:",
-    completion=" {rationale}\nThe answer is {correct}", answer_field="correct", metric="aqua",
+    completion=" {rationale}\nThe answer is {correct}", answer_field="correct",
     splits={"train": "train", "validation": "validation", "test": "test"}, prepare=_aqua_prepare,
     max_length=512, max_new_tokens=512, selection="validation",
     notes="The best checkpoint is chosen by validation accuracy, as in the paper."))
-_add(TextTask(
+_add(TextTemplate(
     name="samsum", hub_id="Samsung/samsum",
-    prompt=_DIALOGUE_PROMPT, completion=" {summary}", answer_field="summary", metric="rouge",
+    prompt=_DIALOGUE_PROMPT, completion=" {summary}", answer_field="summary",
     splits={"train": "train", "validation": "validation", "test": "test"}, max_length=768,
     max_new_tokens=128, selection="validation",
     notes="The best checkpoint is chosen by validation ROUGE-L, as in the paper."))
-_add(TextTask(
+_add(TextTemplate(
     name="dialogsum", hub_id="knkarthick/dialogsum",
-    prompt=_DIALOGUE_PROMPT, completion=" {summary}", answer_field="summary", metric="rouge",
+    prompt=_DIALOGUE_PROMPT, completion=" {summary}", answer_field="summary",
     splits={"train": "train", "validation": "validation", "test": "test"}, max_length=768,
     max_new_tokens=128, selection="validation",
     notes="The best checkpoint is chosen by validation ROUGE-L, as in the paper."))
 
-# the test set a training dataset is evaluated on
-EVAL_TASK_OF = {"omi2_1m_gsm": "gsm8k", "omi2_2m_gsm": "gsm8k", "omi2_1m_math": "math500"}
 
-
-def get_task(name: str) -> TextTask:
+def get_template(name: str) -> TextTemplate:
     try:
-        return TASKS[name]
+        return TEMPLATES[name]
     except KeyError:
-        raise ValueError(f"unknown text task {name!r}; known tasks: {sorted(TASKS)}") from None
+        raise ValueError(f"unknown text task {name!r}; known tasks: {sorted(TEMPLATES)}") from None
 
 
-def _format(template: str, ex: dict, task: TextTask, what: str) -> str:
+def _format(fmt: str, ex: dict, template: TextTemplate, what: str) -> str:
     try:
-        return template.format(**task.prepare(ex))
+        return fmt.format(**template.prepare(ex))
     except KeyError as err:
-        raise ValueError(f"{task.name} {what} template needs the dataset column {err.args[0]!r}; the data has "
+        raise ValueError(f"{template.name} {what} template needs the dataset column {err.args[0]!r}; the data has "
                          f"columns {sorted(ex)}") from None
 
 
-def render_prompt(task: TextTask, ex: dict) -> str:
-    return _format(task.prompt, ex, task, "prompt")
+def render_prompt(template: TextTemplate, ex: dict) -> str:
+    return _format(template.prompt, ex, template, "prompt")
 
 
-def render_completion(task: TextTask, ex: dict) -> str:
+def render_completion(template: TextTemplate, ex: dict) -> str:
     """The completion without the eos token (the tokenizer step appends it)."""
-    return _format(task.completion, ex, task, "completion")
+    return _format(template.completion, ex, template, "completion")
 
 
-def reference_answer(task: TextTask, ex: dict) -> str:
-    return str(ex[task.answer_field])
+def reference_answer(template: TextTemplate, ex: dict) -> str:
+    return str(ex[template.answer_field])

@@ -8,7 +8,7 @@ Prompt/completion examples become ``prompt_ids + completion_ids + [eos]`` with t
 completion (and eos) only. Prompt and completion are tokenized separately, so the prompt's
 tokens are exactly what evaluation feeds the model before it generates. Examples longer than
 ``max_length`` tokens are dropped, as the paper does (512; 768 for 1M-MATH and summarization),
-and the count is reported in ``TaskData.info``.
+and the count is reported in ``TrainingData.info``.
 
 Plain-text corpora (``task: text``) put the loss on every token; each document is tokenized,
 ends with eos and is cut into pieces of at most ``max_length`` tokens. They are meant to be
@@ -23,8 +23,8 @@ import os
 from typing import Any, Optional
 
 from ..layout import IGNORE_INDEX
-from .registry import TaskData, register_task
-from .templates import TASKS, TextTask, get_task, render_completion, render_prompt
+from .registry import TrainingData, register_task
+from .templates import TEMPLATES, TextTemplate, get_template, render_completion, render_prompt
 
 _COMMON = {"path", "split", "limit", "max_length", "eval_path", "eval_split", "eval_limit", "num_proc"}
 
@@ -122,87 +122,91 @@ def _finish(rows, tokenizer, render, max_length: int, limit: Optional[int], num_
     return enc, n, n - len(enc)
 
 
-def _missing_columns(task: TextTask, rows) -> list[str]:
+def _missing_columns(template: TextTemplate, rows) -> list[str]:
     """Template fields the data does not have (checked on the first example, after ``prepare``)."""
     import string
 
     if len(rows) == 0:
         return []
     try:
-        have = set(task.prepare(dict(rows[0])))
+        have = set(template.prepare(dict(rows[0])))
     except KeyError as err:
         return [str(err.args[0])]
-    wanted = {f for tmpl in (task.prompt, task.completion) for _, f, _, _ in string.Formatter().parse(tmpl) if f}
+    formats = (template.prompt, template.completion)
+    wanted = {f for fmt in formats for _, f, _, _ in string.Formatter().parse(fmt) if f}
     return sorted(wanted - have)
 
 
-def build_template_task(task: TextTask, options: dict, tokenizer, seed: int) -> TaskData:
-    _check_options(options, _COMMON, task.name)
-    _need_tokenizer(tokenizer, task.name)
-    max_length = int(options.get("max_length", task.max_length))
+def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: int) -> TrainingData:
+    """Training (and optional evaluation) data of a prompt/completion task rendered by ``template``."""
+    _check_options(options, _COMMON, template.name)
+    _need_tokenizer(tokenizer, template.name)
+    max_length = int(options.get("max_length", template.max_length))
 
     def rows_for(path, split, what):
-        rows = load_rows(path, task.hub_id, task.hub_config, split)
-        if task.filter is not None:
-            rows = rows.filter(task.filter)
-        if task.sample is not None and len(rows) > task.sample:
-            rows = rows.shuffle(seed=task.sample_seed).select(range(task.sample))
+        rows = load_rows(path, template.hub_id, template.hub_config, split)
+        if template.filter is not None:
+            rows = rows.filter(template.filter)
+        if template.sample is not None and len(rows) > template.sample:
+            rows = rows.shuffle(seed=template.sample_seed).select(range(template.sample))
         if len(rows) == 0:
-            raise ValueError(f"task {task.name!r}: no {what} examples left (path={path!r}, split={split!r})")
+            raise ValueError(f"task {template.name!r}: no {what} examples left (path={path!r}, split={split!r})")
         return rows
 
-    split = options.get("split", task.splits.get("train"))
+    split = options.get("split", template.splits.get("train"))
     if split is None and options.get("path") is None:
-        raise ValueError(f"task {task.name!r} has no training split on the Hub ({task.notes}); give data.path")
-    render = lambda ex: (render_prompt(task, ex), render_completion(task, ex))  # noqa: E731
+        raise ValueError(f"task {template.name!r} has no training split on the Hub ({template.notes}); "
+                         "give data.path")
+    render = lambda ex: (render_prompt(template, ex), render_completion(template, ex))  # noqa: E731
     rows = rows_for(options.get("path"), split, "training")
-    missing = _missing_columns(task, rows)
+    missing = _missing_columns(template, rows)
     if missing:
-        raise ValueError(f"task {task.name!r}: the training data lacks column(s) {missing} that the template uses; "
-                         f"it has {rows.column_names}")
+        raise ValueError(f"task {template.name!r}: the training data lacks column(s) {missing} that the template "
+                         f"uses; it has {rows.column_names}")
     train, n, dropped = _finish(rows, tokenizer, render, max_length, options.get("limit"), options.get("num_proc"))
     if len(train) == 0:
-        raise ValueError(f"task {task.name!r}: all {n} training examples are longer than max_length={max_length} "
-                         "tokens and were dropped; nothing to train on (raise data.max_length?)")
+        raise ValueError(f"task {template.name!r}: all {n} training examples are longer than "
+                         f"max_length={max_length} tokens and were dropped; nothing to train on (raise "
+                         "data.max_length?)")
     info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length, "loaded": n}
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
         eval_ds, n_e, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
                                     tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
         info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
-    return TaskData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
-                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                    max_length=max_length, info=info)
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        max_length=max_length, info=info)
 
 
 def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-for _name in TASKS:
-    def _builder(options: dict, tokenizer: Any, seed: int, _task=_name) -> TaskData:
-        return build_template_task(get_task(_task), options, tokenizer, seed)
+for _name in TEMPLATES:
+    def _builder(options: dict, tokenizer: Any, seed: int, _task=_name) -> TrainingData:
+        return build_from_template(get_template(_task), options, tokenizer, seed)
 
     register_task(_name)(_builder)
 
 
 @register_task("prompt_completion")
-def build_prompt_completion(options: dict, tokenizer, seed: int) -> TaskData:
+def build_prompt_completion(options: dict, tokenizer, seed: int) -> TrainingData:
     """Any prompt/completion data: ``prompt_template``/``completion_template`` are ``str.format`` strings
     over the example's fields (default: fields ``prompt`` and ``completion`` as they are)."""
     extra = {"hub_id", "hub_config", "prompt_template", "completion_template"}
     _check_options(options, _COMMON | extra, "prompt_completion")
-    task = TextTask(name="prompt_completion", hub_id=options.get("hub_id"), hub_config=options.get("hub_config"),
-                    prompt=options.get("prompt_template", "{prompt}"),
-                    completion=options.get("completion_template", "{completion}"), answer_field="completion",
-                    metric="none", splits={"train": options.get("split", "train")},
-                    max_length=int(options.get("max_length", 512)))
+    template = TextTemplate(name="prompt_completion", hub_id=options.get("hub_id"),
+                            hub_config=options.get("hub_config"), prompt=options.get("prompt_template", "{prompt}"),
+                            completion=options.get("completion_template", "{completion}"),
+                            answer_field="completion", splits={"train": options.get("split", "train")},
+                            max_length=int(options.get("max_length", 512)))
     rest = {k: v for k, v in options.items() if k not in extra}
-    return build_template_task(task, rest, tokenizer, seed)
+    return build_from_template(template, rest, tokenizer, seed)
 
 
 @register_task("text")
-def build_text(options: dict, tokenizer, seed: int) -> TaskData:
+def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     """Plain-text pretraining data: loss on every token, documents cut into ``max_length`` pieces, packed."""
     allowed = (_COMMON - {"eval_split"}) | {"hub_id", "hub_config", "text_field"}
     _check_options(options, allowed | {"eval_split"}, "text")
@@ -236,6 +240,6 @@ def build_text(options: dict, tokenizer, seed: int) -> TaskData:
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
         eval_ds = build(options.get("eval_path"), options.get("eval_split"), options.get("eval_limit"))
     info = {"num_examples": len(train), "max_length": max_length, "dropped_too_long": 0}
-    return TaskData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
-                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                    max_length=max_length, info=info, packing=True)
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                        max_length=max_length, info=info, packing=True)

@@ -1,5 +1,5 @@
 """Evaluation: the paper's protocol for math and summarization (``mutor eval``, ``mutor compare``)."""
 
-from .harness import EVAL_TASKS, EvalTask, evaluate_checkpoints, evaluate_model, register_eval_task
+from .harness import BENCHMARKS, Benchmark, evaluate_checkpoints, evaluate_model, get_benchmark, register_benchmark
 
-__all__ = ["EVAL_TASKS", "EvalTask", "evaluate_checkpoints", "evaluate_model", "register_eval_task"]
+__all__ = ["BENCHMARKS", "Benchmark", "evaluate_checkpoints", "evaluate_model", "get_benchmark", "register_benchmark"]

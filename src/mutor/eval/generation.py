@@ -19,6 +19,7 @@ __all__ = ["left_pad", "greedy_generate", "prefix_mask"]
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts for batched generation: (ids, attention_mask), each (B, longest prompt)."""
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), T), dtype=torch.long)

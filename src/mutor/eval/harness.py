@@ -1,8 +1,8 @@
 """``mutor eval``: generate on a benchmark split, score every answer, and pick checkpoints as the paper does.
 
-Tasks are table-driven (:data:`EVAL_TASKS`): a task pairs a prompt/completion template from
-:mod:`mutor.data.templates` (so prompts are exactly the training prompts) with a scorer. Add one
-with :func:`register_eval_task`.
+Benchmarks are table-driven (:data:`BENCHMARKS`, keyed by ``--task`` name): a :class:`Benchmark`
+pairs a prompt/completion template from :mod:`mutor.data.templates` (so prompts are exactly the
+training prompts) with a scorer. Add one with :func:`register_benchmark`.
 
 Checkpoint selection (``--checkpoints RUN_DIR``) follows the paper: where the task has a
 validation split (AQUA-RAT, SAMSum, DialogSum) every ``checkpoint-*`` is scored on validation,
@@ -23,18 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..data.templates import TextTask, get_task, reference_answer, render_prompt
+from ..data.templates import TextTemplate, get_template, reference_answer, render_prompt
 from ..io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from . import metrics
 
-__all__ = ["EvalTask", "EVAL_TASKS", "register_eval_task", "evaluate_model", "evaluate_checkpoints"]
+__all__ = ["Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark", "evaluate_model",
+           "evaluate_checkpoints"]
 
 
 @dataclass(frozen=True)
-class EvalTask:
-    """How one benchmark is scored: ``score(generation, reference) -> dict`` of per-example numbers."""
+class Benchmark:
+    """An evaluation benchmark: its template (prompts, splits, generation budget) and how it is scored,
+    ``score(generation, reference) -> dict`` of per-example numbers."""
 
-    text: TextTask
+    template: TextTemplate
     score: Callable[[str, str], dict]
     extract: Callable[[str], Optional[str]]
     primary: str                          # the summary metric that ranks checkpoints
@@ -47,21 +49,21 @@ def _verdict(correct: Callable[[str, str], bool]) -> Callable[[str, str], dict]:
     return lambda gen, ref: {"accuracy": 100.0 * float(correct(gen, ref))}
 
 
-EVAL_TASKS: dict[str, EvalTask] = {}
+BENCHMARKS: dict[str, Benchmark] = {}
 
 
-def register_eval_task(name: str, task: EvalTask) -> None:
-    EVAL_TASKS[name] = task
+def register_benchmark(name: str, benchmark: Benchmark) -> None:
+    BENCHMARKS[name] = benchmark
 
 
-register_eval_task("gsm8k", EvalTask(get_task("gsm8k"), _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k,
-                                     "accuracy"))
-register_eval_task("math500", EvalTask(get_task("math500"), _verdict(metrics.math_correct), metrics.last_boxed,
-                                       "accuracy"))
-register_eval_task("aqua_rat", EvalTask(get_task("aqua_rat"), _verdict(metrics.aqua_correct), metrics.extract_choice,
+register_benchmark("gsm8k", Benchmark(get_template("gsm8k"), _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k,
+                                      "accuracy"))
+register_benchmark("math500", Benchmark(get_template("math500"), _verdict(metrics.math_correct), metrics.last_boxed,
                                         "accuracy"))
+register_benchmark("aqua_rat", Benchmark(get_template("aqua_rat"), _verdict(metrics.aqua_correct),
+                                         metrics.extract_choice, "accuracy"))
 for _name in ("samsum", "dialogsum"):
-    register_eval_task(_name, EvalTask(get_task(_name), metrics.rouge_scores, lambda g: None, "rougeL"))
+    register_benchmark(_name, Benchmark(get_template(_name), metrics.rouge_scores, lambda g: None, "rougeL"))
 
 
 def _gsm_symbolic_examples(split: str, limit: Optional[int], model_path: Optional[str]) -> list[dict]:
@@ -70,20 +72,20 @@ def _gsm_symbolic_examples(split: str, limit: Optional[int], model_path: Optiona
     return gsm_symbolic_examples(split, limit, model_path)
 
 
-def _gsm_symbolic_eval_task() -> EvalTask:
+def _gsm_symbolic_benchmark() -> Benchmark:
     from ..data.gsm_symbolic import EVAL_SPLITS, GSM_SYMBOLIC
 
-    return EvalTask(GSM_SYMBOLIC, _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k, "accuracy",
-                    examples=_gsm_symbolic_examples, test_splits=EVAL_SPLITS)
+    return Benchmark(GSM_SYMBOLIC, _verdict(metrics.gsm8k_correct), metrics.extract_gsm8k, "accuracy",
+                     examples=_gsm_symbolic_examples, test_splits=EVAL_SPLITS)
 
 
-register_eval_task("gsm_symbolic", _gsm_symbolic_eval_task())
+register_benchmark("gsm_symbolic", _gsm_symbolic_benchmark())
 
 
-def get_eval_task(name: str) -> EvalTask:
-    if name not in EVAL_TASKS:
-        raise ValueError(f"unknown eval task {name!r}; known: {sorted(EVAL_TASKS)}")
-    return EVAL_TASKS[name]
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown eval task {name!r}; known: {sorted(BENCHMARKS)}")
+    return BENCHMARKS[name]
 
 
 # ----------------------------------------------------------------- loading
@@ -122,22 +124,23 @@ def run_info(path: str) -> dict:
             for k in ("method", "seed", "prefix_attention", "name"):
                 if k in data and k not in info:
                     info[k] = data[k]
-    for sidecar in ("mutor_config.json", "multi_token_config.json"):
+    for sidecar in ("mutor_config.json", "multi_token_config.json", "next_token_config.json"):
         if (p / sidecar).is_file() and "prefix_attention" not in info:
             info["prefix_attention"] = json.loads((p / sidecar).read_text()).get("prefix_attention", "causal")
     return info
 
 
-def load_examples(task: EvalTask, split: str, data: Optional[str] = None, limit: Optional[int] = None,
+def load_examples(benchmark: Benchmark, split: str, data: Optional[str] = None, limit: Optional[int] = None,
                   model_path: Optional[str] = None) -> list[dict]:
     from ..data.text import load_rows
 
-    if data is None and task.examples is not None:
-        return task.examples(split, limit, model_path)
-    hub_split = task.text.splits.get(split)
+    if data is None and benchmark.examples is not None:
+        return benchmark.examples(split, limit, model_path)
+    template = benchmark.template
+    hub_split = template.splits.get(split)
     if data is None and hub_split is None:
-        raise ValueError(f"{task.text.name} has no {split!r} split on the Hub; give --data (a local file)")
-    rows = load_rows(data, task.text.hub_id, task.text.hub_config, hub_split)
+        raise ValueError(f"{template.name} has no {split!r} split on the Hub; give --data (a local file)")
+    rows = load_rows(data, template.hub_id, template.hub_config, hub_split)
     if limit is not None:
         rows = rows.select(range(min(int(limit), len(rows))))
     return [dict(r) for r in rows]
@@ -161,17 +164,18 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
 
     from .generation import greedy_generate
 
-    task = get_eval_task(task_name)
+    benchmark = get_benchmark(task_name)
     if draft_registers is not None:
         return _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention,
                                      max_new_tokens, tokenizer, progress, device, dtype, draft_registers)
     model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
-    examples = load_examples(task, split, data, limit, model_path=str(model_path))
-    prompts = [render_prompt(task.text, ex) for ex in examples]
-    refs = [reference_answer(task.text, ex) for ex in examples]
-    n_new = int(max_new_tokens or task.text.max_new_tokens)
+    examples = load_examples(benchmark, split, data, limit, model_path=str(model_path))
+    template = benchmark.template
+    prompts = [render_prompt(template, ex) for ex in examples]
+    refs = [reference_answer(template, ex) for ex in examples]
+    n_new = int(max_new_tokens or template.max_new_tokens)
     rows = []
     bar = tqdm(total=len(prompts), desc=f"{task_name}/{split}", disable=not progress)
     for i in range(0, len(prompts), batch_size):
@@ -181,16 +185,16 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
             model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, prefix_attention=mode)
         for prompt, ref, g in zip(chunk, refs[i:i + batch_size], gens):
             text = tok.decode(g, skip_special_tokens=True)
-            rows.append({"prompt": prompt, "generation": text, "reference": ref, "extracted": task.extract(text),
-                         **task.score(text, ref)})
+            rows.append({"prompt": prompt, "generation": text, "reference": ref,
+                         "extracted": benchmark.extract(text), **benchmark.score(text, ref)})
         bar.update(len(chunk))
     bar.close()
     keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
     # a second test split (gsm_symbolic's test_new_templates) is its own column in `mutor compare`
     label = task_name if split in ("test", "validation") else f"{task_name}:{split}"
     summary = {"task": label, "split": split, "model": str(model_path), "n": len(rows),
-               "metrics": {k: statistics.fmean(r[k] for r in rows) for k in keys}, "primary": task.primary,
-               "prefix_attention": mode, "max_new_tokens": n_new, "data": data or task.text.hub_id,
+               "metrics": {k: statistics.fmean(r[k] for r in rows) for k in keys}, "primary": benchmark.primary,
+               "prefix_attention": mode, "max_new_tokens": n_new, "data": data or template.hub_id,
                **{k: info[k] for k in ("method", "seed") if k in info}}
     if output_dir is not None:
         out = Path(output_dir)
@@ -264,29 +268,30 @@ def list_checkpoints(run_dir: str) -> list[Path]:
 def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = None, val_data: Optional[str] = None,
                          output_dir: Optional[str] = None, **kw) -> dict:
     """Every checkpoint of a run, selected the paper's way; returns the selection summary."""
-    task = get_eval_task(task_name)
+    benchmark = get_benchmark(task_name)
     out = Path(output_dir or Path(run_dir) / "eval" / task_name)
     cks = list_checkpoints(run_dir)
-    use_val = task.text.selection == "validation" and (task.text.has_split("validation") or val_data is not None)
+    template, primary = benchmark.template, benchmark.primary
+    use_val = template.selection == "validation" and (template.has_split("validation") or val_data is not None)
     select_split = "validation" if use_val else "test"
     scores = []
     for ck in cks:
         s = evaluate_model(task_name, str(ck), split=select_split, data=val_data if use_val else data,
                            output_dir=str(out / ck.name / select_split), **kw)
-        scores.append((s["metrics"][task.primary], ck, s))
+        scores.append((s["metrics"][primary], ck, s))
     best_score, best, best_summary = max(scores, key=lambda x: x[0])
     test = best_summary if not use_val else evaluate_model(task_name, str(best), split="test", data=data,
                                                            output_dir=str(out / best.name / "test"), **kw)
-    protocol = (f"best of {len(cks)} checkpoints by validation {task.primary}, reported on test" if use_val else
-                f"best test {task.primary} over {len(cks)} checkpoints (the paper's protocol for {task_name}, "
+    protocol = (f"best of {len(cks)} checkpoints by validation {primary}, reported on test" if use_val else
+                f"best test {primary} over {len(cks)} checkpoints (the paper's protocol for {task_name}, "
                 "which has no validation split; optimistic by construction)")
     result = {**test, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
               "selection": protocol, "selection_split": select_split,
-              "per_checkpoint": [{"checkpoint": c.name, task.primary: v} for v, c, _ in scores]}
+              "per_checkpoint": [{"checkpoint": c.name, primary: v} for v, c, _ in scores]}
     result.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
     write_json_atomic(out / "summary.json", result)
     write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
-    for split in task.test_splits[1:]:            # the same selected checkpoint on the task's other test splits
+    for split in benchmark.test_splits[1:]:       # the same selected checkpoint on the task's other test splits
         other_out = out.parent / f"{out.name}-{split}"
         other = evaluate_model(task_name, str(best), split=split, data=None,
                                output_dir=str(other_out / best.name / split), **kw)
@@ -314,7 +319,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     """
     import yaml
 
-    from ..data.registry import build_task
+    from ..data.registry import build_training_data
 
     p = Path(model_path)
     recipe = next((d / "recipe.yaml" for d in (p, p.parent) if (d / "recipe.yaml").is_file()), None)
@@ -325,18 +330,18 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     data = dict(r.get("data") or {})
     name = data.pop("task")
     data.pop("packing", None)
-    from ..data.templates import TASKS as TEXT_TASKS
+    from ..data.templates import TEMPLATES
     from ..errors import MutorUserError, from_pretrained
 
-    if name in TEXT_TASKS or name in ("text", "prompt_completion"):
-        use = f"--task {name}" if name in EVAL_TASKS else f"--task with one of {sorted(EVAL_TASKS)}"
+    if name in TEMPLATES or name in ("text", "prompt_completion"):
+        use = f"--task {name}" if name in BENCHMARKS else f"--task with one of {sorted(BENCHMARKS)}"
         raise MutorUserError(f"{model_path} is a run of the text task {name!r}, not of a synthetic task "
                              f"(--task run is for star_graph, digits, image_codes): use {use}")
-    task = build_task(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
-    if task.evaluator is None:
-        raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(EVAL_TASKS)} for text benchmarks")
+    training_data = build_training_data(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
+    if training_data.evaluator is None:
+        raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(BENCHMARKS)} for text benchmarks")
     if source is not None:                 # test graphs from an independent generator, same evaluator
-        task = _with_source(task, name, source, {**data, **(overrides or {})})
+        training_data = _with_source(training_data, name, source, {**data, **(overrides or {})})
     from ..devices import load_causal_lm
     from ..image.rotary2d import apply_saved_rotary_2d
 
@@ -345,10 +350,10 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     import torch
 
     with torch.no_grad():
-        metrics = task.evaluator(model, 0)
+        metrics = training_data.evaluator(model, 0)
     summary = {"task": name if source is None else f"{name}:{source}", "split": "test", "model": str(model_path),
                "n": metrics.get("num_eval"), **({"source": source} if source else {}),
-               "metrics": metrics, "primary": task.primary_metric or next(iter(metrics)),
+               "metrics": metrics, "primary": training_data.primary_metric or next(iter(metrics)),
                **{k: r[k] for k in ("method", "seed") if k in r}}
     if output_dir is not None:
         write_json_atomic(Path(output_dir) / "summary.json", summary)
@@ -356,9 +361,9 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     return summary
 
 
-def _with_source(task, name: str, source: str, options: dict):
-    """``task`` with its held-out set replaced by ``source``'s graphs (``path_star``: reasoning-gym's), in the
-    run's graph shape and labels, none of them a training problem; the evaluator is the task's own."""
+def _with_source(training_data, name: str, source: str, options: dict):
+    """``training_data`` with its held-out set replaced by ``source``'s graphs (``path_star``: reasoning-gym's),
+    in the run's graph shape and labels, none of them a training problem; the evaluator is the task's own."""
     import dataclasses
 
     from ..errors import MutorUserError
@@ -367,13 +372,14 @@ def _with_source(task, name: str, source: str, options: dict):
         raise MutorUserError(f"--source {source!r}: only 'path_star' (reasoning-gym's graphs) for star_graph runs "
                              f"(this run's task is {name!r})")
     from ..data.path_star import path_star_examples
-    from ..data.star_graph import StarGraphTask, evaluate
+    from ..data.star_graph import StarGraphShape, evaluate
 
-    shape = StarGraphTask(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
-                          num_nodes=int(options.get("num_nodes", 50)))
-    train_keys = {ex.key for ex in task.train_dataset.examples}
+    shape = StarGraphShape(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
+                           num_nodes=int(options.get("num_nodes", 50)))
+    train_keys = {ex.key for ex in training_data.train_dataset.examples}
     examples = path_star_examples(shape, int(options.get("num_test", 500)), seed=0,
                                   exclude=train_keys)
     batch_size = int(options.get("eval_batch_size", 256))
-    return dataclasses.replace(task, evaluator=lambda model, step: evaluate(model, examples, batch_size=batch_size),
-                               info={**task.info, "source": source, "num_test": len(examples)})
+    return dataclasses.replace(training_data,
+                               evaluator=lambda model, step: evaluate(model, examples, batch_size=batch_size),
+                               info={**training_data.info, "source": source, "num_test": len(examples)})
