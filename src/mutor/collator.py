@@ -16,7 +16,7 @@ already aligned (the models shift labels themselves, as transformers does). Two 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -30,7 +30,6 @@ class PaddingCollator:
     """Right-pad a list of examples into ``input_ids``, ``attention_mask``, ``labels`` (and ``position_ids``)."""
 
     pad_token_id: int = 0
-    pad_to_multiple_of: Optional[int] = None
 
     def __call__(self, features: Sequence[dict]) -> dict:
         if not features:
@@ -41,8 +40,6 @@ class PaddingCollator:
             if len(f["input_ids"]) != len(f["labels"]):
                 raise ValueError(f"input_ids ({len(f['input_ids'])}) and labels ({len(f['labels'])}) differ in length")
         T = max(len(f["input_ids"]) for f in features)
-        if self.pad_to_multiple_of:
-            T = -(-T // self.pad_to_multiple_of) * self.pad_to_multiple_of
         B = len(features)
         ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
         labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
@@ -62,10 +59,10 @@ class PaddingCollator:
         return batch
 
 
-def make_collator(pad_token_id: int, packing: bool = False, pad_to_multiple_of: Optional[int] = None):
+def make_collator(pad_token_id: int, packing: bool = False):
     """The collator a recipe asks for (``data.packing``)."""
     if packing:
         from transformers import DataCollatorWithFlattening
 
         return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
-    return PaddingCollator(pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of)
+    return PaddingCollator(pad_token_id=pad_token_id)
