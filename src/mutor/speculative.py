@@ -117,7 +117,56 @@ def generate(
     K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
     model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
     for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
+
+    Each round: one forward of the pending tokens, their draft and its registers (:func:`_draft_forward`),
+    verification of the draft against the model's own greedy choices (:func:`_verify`), the cache cropped to
+    the kept tokens, the new tokens emitted (:func:`_emit`), and the registers after the newest kept token
+    read as the next draft.
     """
+    model, K, prompt_len, eos = _checked_arguments(model, input_ids, max_new_tokens, draft_registers,
+                                                   eos_token_id, prefix_attention)
+    base, dev = model.base_model, model.device
+    was_training = base.training
+    base.eval()
+    emb = base.get_input_embeddings()
+    offsets = list(range(2, K + 1))
+    reg_vec = _register_vectors(model, offsets) if offsets else None                 # (K-1, C)
+    ids = input_ids.to(dev)
+    out_ids = ids[0].tolist()
+    cache = DynamicCache()
+    stats = DraftStats()
+    pending, draft = ids[0], []                                                        # pending: kept, not in the cache
+    try:
+        while stats.new_tokens < max_new_tokens:
+            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m+R, V)
+            stats.forwards += 1
+            greedy = logits[:m].argmax(-1).tolist()                # the model's own choice after each fed token
+            kept = _verify(draft, greedy, a, stats)
+            e = a + kept                                           # newest kept token in feed
+            new = draft[:kept] + [greedy[e]]
+            cache.crop(-(logits.shape[0] - (e + 1)))               # keep regular tokens up to e; no registers
+            if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
+                cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
+                break
+            pending = torch.tensor([greedy[e]], device=dev)
+            if offsets:
+                r0 = m + (e - a) * len(offsets)                    # the registers after x_e
+                draft = logits[r0:r0 + len(offsets)].argmax(-1).tolist()
+    finally:
+        base.train(was_training)
+    return torch.tensor([out_ids], device=dev), stats
+
+
+def _checked_arguments(
+    model: Union[MuToRModel, str],
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    draft_registers: Optional[int],
+    eos_token_id: Optional[Union[int, list[int]]],
+    prefix_attention: Optional[str],
+) -> tuple[MuToRModel, int, int, set[int]]:
+    """``generate``'s arguments checked and resolved: ``(model, K, prompt_len, eos)``; ``prompt_len`` is the
+    length of the bidirectional prefix (0: causal), ``eos`` the set of stop tokens (the model's by default)."""
     if isinstance(model, str):
         model = MuToRModel.from_pretrained(model)
     if not isinstance(model, MuToRModel):
@@ -141,61 +190,52 @@ def generate(
         gc = getattr(model.base_model, "generation_config", None)
         eos_token_id = getattr(gc, "eos_token_id", None)
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    return model, K, prompt_len, eos
 
-    base, dev = model.base_model, model.device
-    was_training = base.training
-    base.eval()
-    emb = base.get_input_embeddings()
-    offsets = list(range(2, K + 1))
-    reg_vec = _register_vectors(model, offsets) if offsets else None                 # (K-1, C)
-    ids = input_ids.to(dev)
-    out_ids = ids[0].tolist()
-    cache = DynamicCache()
-    stats = DraftStats()
-    pending, draft = ids[0], []                                                        # pending: kept, not in the cache
-    try:
-        while stats.new_tokens < max_new_tokens:
-            past = cache.get_seq_length()
-            feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
-            m, a = feed.numel(), pending.numel() - 1               # a: index of the newest kept token in feed
-            ends = torch.arange(a, m, device=dev)                  # tokens whose registers may draft the next round
-            src = ends.repeat_interleave(len(offsets))                                 # (R,)
-            d = torch.tensor(offsets, dtype=torch.long, device=dev).repeat(len(ends))  # (R,)
-            x = emb(feed[None])                                                        # (1, m, C)
-            if offsets:
-                x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
-            mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
-            logits = base(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                          use_cache=True).logits[0]                                    # (m+R, V)
-            stats.forwards += 1
-            greedy = logits[:m].argmax(-1).tolist()                # the model's own choice after each fed token
-            kept = 0
-            for i, g in enumerate(draft):                          # verify: draft[i] proposes x_{e+2+i}... in feed order
-                stats.offered[i + 2] = stats.offered.get(i + 2, 0) + 1
-                if g != greedy[a + i]:
-                    break
-                stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
-                kept += 1
-            e = a + kept                                           # newest kept token in feed
-            new = draft[:kept] + [greedy[e]]
-            cache.crop(-(m + (src.numel() if offsets else 0) - (e + 1)))   # keep regular tokens up to e; no registers
-            done = False
-            for t in new:
-                if stats.new_tokens >= max_new_tokens:
-                    done = True
-                    break
-                out_ids.append(t)
-                stats.new_tokens += 1
-                if t in eos:
-                    done = True
-                    break
-            if done:                                               # tokens cut at max_new_tokens / eos leave too
-                cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
-                break
-            pending = torch.tensor([greedy[e]], device=dev)
-            if offsets:
-                r0 = m + (e - a) * len(offsets)                    # the registers after x_e
-                draft = logits[r0:r0 + len(offsets)].argmax(-1).tolist()
-    finally:
-        base.train(was_training)
-    return torch.tensor([out_ids], device=dev), stats
+
+def _draft_forward(
+    model: MuToRModel, emb: torch.nn.Module, reg_vec: Optional[torch.Tensor], offsets: list[int],
+    cache: DynamicCache, pending: torch.Tensor, draft: list[int], prompt_len: int,
+) -> tuple[torch.Tensor, int, int]:
+    """One forward of ``feed = [pending, draft]`` (m tokens) plus K-1 registers after each of
+    ``feed[a:]``, ``a`` being the newest kept token; the cache grows by all m + R rows.
+    Returns ``(logits (m+R, V), m, a)``."""
+    dev = pending.device
+    past = cache.get_seq_length()
+    feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
+    m, a = feed.numel(), pending.numel() - 1               # a: index of the newest kept token in feed
+    ends = torch.arange(a, m, device=dev)                  # tokens whose registers may draft the next round
+    src = ends.repeat_interleave(len(offsets))                                 # (R,)
+    d = torch.tensor(offsets, dtype=torch.long, device=dev).repeat(len(ends))  # (R,)
+    x = emb(feed[None])                                                        # (1, m, C)
+    if offsets:
+        x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
+    mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
+    logits = model.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                              use_cache=True).logits[0]                        # (m+R, V)
+    return logits, m, a
+
+
+def _verify(draft: list[int], greedy: list[int], a: int, stats: DraftStats) -> int:
+    """How many draft tokens are kept: ``draft[i]`` proposes ``x_{e+2+i}`` and is kept while it equals the
+    model's greedy choice ``greedy[a + i]``; counts offered and accepted drafts per offset into ``stats``."""
+    kept = 0
+    for i, g in enumerate(draft):                          # verify: draft[i] proposes x_{e+2+i}... in feed order
+        stats.offered[i + 2] = stats.offered.get(i + 2, 0) + 1
+        if g != greedy[a + i]:
+            break
+        stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
+        kept += 1
+    return kept
+
+
+def _emit(new: list[int], out_ids: list[int], stats: DraftStats, max_new_tokens: int, eos: set[int]) -> bool:
+    """Append ``new`` to ``out_ids`` up to ``max_new_tokens`` and the first eos; True when decoding is done."""
+    for t in new:
+        if stats.new_tokens >= max_new_tokens:
+            return True
+        out_ids.append(t)
+        stats.new_tokens += 1
+        if t in eos:
+            return True
+    return False
