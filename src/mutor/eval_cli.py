@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -59,38 +60,58 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "compare":
-        from .eval.compare import collect_summaries, comparison_plot, comparison_table
-        from .io import write_text_atomic
-
-        summaries = collect_summaries(args.paths)
-        table = comparison_table(summaries, args.metrics)
-        print(table)
-        if args.output:
-            write_text_atomic(args.output, table)
-        if args.plot:
-            comparison_plot(summaries, args.plot, args.metrics)
-        return 0
-    from pathlib import Path
-
+        return _compare(args)
     if args.task == "run":
-        from .eval.harness import evaluate_run_task
-
-        if not args.model:
-            raise SystemExit("mutor eval --task run needs --model")
-        out = args.output_dir or str(Path(args.model) / "eval" / ("run-task" + (f"-{args.source}" if args.source
-                                                                                   else "")))
-        try:
-            result = evaluate_run_task(args.model, output_dir=out, device=args.device, dtype=args.dtype,
-                                       source=args.source)
-        except (ValueError, FileNotFoundError) as err:
-            raise SystemExit(f"mutor eval: {err}") from None
-        if not args.quiet:
-            print(json.dumps(result, indent=2))
-        return 0
-    from .eval.harness import BENCHMARKS, evaluate_checkpoints, evaluate_model
+        return _eval_run_task(args)
+    from .eval.harness import BENCHMARKS, evaluate_checkpoints
 
     if args.task not in BENCHMARKS:
         raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(BENCHMARKS)}, or 'run'")
+    common = _eval_options(args)
+    if args.checkpoints:
+        result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
+                                      output_dir=args.output_dir, **common)
+    else:
+        result = _eval_model(args, common)
+    if not args.quiet:
+        print(json.dumps({k: v for k, v in result.items() if k != "per_checkpoint"}, indent=2))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .eval.compare import collect_summaries, comparison_plot, comparison_table
+    from .io import write_text_atomic
+
+    summaries = collect_summaries(args.paths)
+    table = comparison_table(summaries, args.metrics)
+    print(table)
+    if args.output:
+        write_text_atomic(args.output, table)
+    if args.plot:
+        comparison_plot(summaries, args.plot, args.metrics)
+    return 0
+
+
+def _eval_run_task(args: argparse.Namespace) -> int:
+    """``--task run``: the synthetic task the model was trained on, from its run's recipe."""
+    from .eval.harness import evaluate_run_task
+
+    if not args.model:
+        raise SystemExit("mutor eval --task run needs --model")
+    suffix = f"-{args.source}" if args.source else ""
+    out = args.output_dir or str(Path(args.model) / "eval" / f"run-task{suffix}")
+    try:
+        result = evaluate_run_task(args.model, output_dir=out, device=args.device, dtype=args.dtype,
+                                   source=args.source)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"mutor eval: {err}") from None
+    if not args.quiet:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _eval_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments every ``evaluate_model`` call of this command shares, checked."""
     common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
                   max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet,
                   device=args.device, dtype=args.dtype)
@@ -102,27 +123,25 @@ def run(args: argparse.Namespace) -> int:
         if args.draft_registers < 1:
             raise SystemExit(f"mutor eval: --draft-registers must be >= 1, got {args.draft_registers}")
         common["draft_registers"] = args.draft_registers
-    if args.checkpoints:
-        result = evaluate_checkpoints(args.task, args.checkpoints, data=args.data, val_data=args.val_data,
-                                      output_dir=args.output_dir, **common)
-    else:
-        from .eval.harness import get_benchmark, load_model_and_tokenizer
+    return common
 
-        task = get_benchmark(args.task)
-        splits = [args.split] if args.split else list(task.test_splits)
-        known = list(dict.fromkeys(["test", "validation", *task.test_splits]))
-        if args.split not in (None, *known):
-            raise SystemExit(f"mutor eval: task {args.task!r} has no split {args.split!r}; splits: {known}")
-        loaded = None
-        if len(splits) > 1 and args.draft_registers is None:   # several splits: load the model once
-            loaded = load_model_and_tokenizer(args.model, args.tokenizer, dtype=args.dtype, device=args.device)
-        results = []
-        for split in splits:
-            out = (str(Path(args.output_dir) / split) if args.output_dir and len(splits) > 1 else args.output_dir) \
-                or str(Path(args.model) / "eval" / f"{args.task}-{split}")
-            results.append(evaluate_model(args.task, args.model, split=split, data=args.data, output_dir=out,
-                                          model_and_tokenizer=loaded, **common))
-        result = results[0] if len(results) == 1 else {"splits": results}
-    if not args.quiet:
-        print(json.dumps({k: v for k, v in result.items() if k != "per_checkpoint"}, indent=2))
-    return 0
+
+def _eval_model(args: argparse.Namespace, common: dict) -> dict:
+    """``--model``: the benchmark's test split(s), or ``--split``; one summary, or ``{"splits": [...]}``."""
+    from .eval.harness import evaluate_model, get_benchmark, load_model_and_tokenizer
+
+    benchmark = get_benchmark(args.task)
+    splits = [args.split] if args.split else list(benchmark.test_splits)
+    known = list(dict.fromkeys(["test", "validation", *benchmark.test_splits]))
+    if args.split not in (None, *known):
+        raise SystemExit(f"mutor eval: task {args.task!r} has no split {args.split!r}; splits: {known}")
+    loaded = None
+    if len(splits) > 1 and args.draft_registers is None:   # several splits: load the model once
+        loaded = load_model_and_tokenizer(args.model, args.tokenizer, dtype=args.dtype, device=args.device)
+    results = []
+    for split in splits:
+        out = (str(Path(args.output_dir) / split) if args.output_dir and len(splits) > 1 else args.output_dir) \
+            or str(Path(args.model) / "eval" / f"{args.task}-{split}")
+        results.append(evaluate_model(args.task, args.model, split=split, data=args.data, output_dir=out,
+                                      model_and_tokenizer=loaded, **common))
+    return results[0] if len(results) == 1 else {"splits": results}
