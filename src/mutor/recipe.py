@@ -1,9 +1,11 @@
 """Recipes: one YAML file says everything a ``mutor train`` run depends on.
 
-A recipe has five blocks besides ``method`` and ``seed``: ``model`` (:class:`ModelArgs`),
-``mutor`` (:class:`~mutor.MuToRConfig` fields), ``multi_token`` (the baseline's fields),
-``lora`` (``peft.LoraConfig`` fields, or null), ``data`` (``task`` plus that task's options) and
-``training`` (``transformers.TrainingArguments`` fields). Every block is validated against the
+Besides ``method`` and ``seed`` (and run-wide scalars such as ``name``, ``threads``,
+``prefix_attention``) a recipe has six blocks: ``model`` (:class:`ModelArgs`), ``mutor``
+(:class:`~mutor.MuToRConfig` fields), ``multi_token`` (the baseline's fields), ``lora``
+(``peft.LoraConfig`` fields, or null), ``data`` (``task`` plus that task's options) and
+``training`` (``transformers.TrainingArguments`` fields); ``variants`` names methods with their
+own settings. Every block is validated against the
 class that consumes it, so a misspelt key fails before anything is loaded, with its name.
 
 Values are type-checked against those classes' field annotations (:func:`check_fields`), so

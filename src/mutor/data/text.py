@@ -171,7 +171,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length, "loaded": n}
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
-        eval_ds, n_e, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
+        eval_ds, _, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
                                     tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
         info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
     return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
