@@ -172,7 +172,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
         eval_ds, _, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
-                                    tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
+                                  tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
         info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
     return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
