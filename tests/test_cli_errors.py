@@ -245,7 +245,7 @@ def test_lora_run_on_a_random_init_base_loads_offline(tmp_path, monkeypatch, cap
 # --------------------------------------------------------------------- smaller
 def test_short_run_logs_its_loss_and_curves_stay_visible(tmp_path):
     """max_steps < logging_steps used to leave the training-loss panel empty; identical curves hid each other."""
-    from mutor.train import curves_figure
+    from mutor.eval.compare import curves_figure
 
     out = _sg(tmp_path, "short", "method=[next_token,mutor]", "training.logging_steps=50")
     runs = out["runs"]
@@ -261,7 +261,7 @@ def test_short_run_logs_its_loss_and_curves_stay_visible(tmp_path):
 
 
 def test_text_task_comparison_says_it_has_no_held_out_columns():
-    from mutor.train import comparison_markdown
+    from mutor.eval.compare import comparison_markdown
 
     runs = [{"method": m, "task": "gsm8k", "global_step": 2, "train_loss": 1.0, "wall_seconds": 1.0,
              "eval_history": [], "primary_metric": None} for m in ("next_token", "mutor")]

@@ -15,7 +15,7 @@ import pytest
 
 from mutor.cli import main
 from mutor.errors import MutorUserError
-from mutor.eval.compare import collect_summaries, comparison_table
+from mutor.eval.compare import collect_summaries, comparison_markdown, comparison_table
 
 SG = ["data.num_train=64", "data.num_test=8", "data.path_len=4", "data.num_nodes=20", "model.preset=tiny-llama",
       "training.report_to=[]", "training.eval_steps=2", "training.max_steps=2", "training.save_steps=2"]
@@ -55,6 +55,19 @@ def test_a_run_with_a_training_and_an_eval_summary_counts_once(tmp_path):
     assert "Duplicates" in table and str(tmp_path / "sg" / "mutor" / "summary.json") in table
     # the evaluation counts (a real evaluation before training's final one)
     assert "counted once, from " + str(tmp_path / "sg" / "mutor" / "eval" / "run-task" / "summary.json") in table
+
+
+def test_both_commands_read_the_same_final_evaluation(tmp_path):
+    """`mutor train`'s table (per run) and `mutor compare`'s (per method) show one training summary's final
+    held-out evaluation: the same value, from the same reader."""
+    f = _training_summary(tmp_path / "sg" / "mutor", "mutor", 0, 0.25)
+    run = {**json.loads(f.read_text()), "global_step": 2, "train_loss": 1.0, "wall_seconds": 3.0}
+    md = comparison_markdown([run])
+    assert "| method | steps | solve_rate | best solve_rate | train loss | wall s |" in md
+    assert "| mutor | 2 | 0.2500 | 0.2500 | 1.0000 | 3 |" in md
+    table = comparison_table(collect_summaries([str(tmp_path)]))
+    assert table.splitlines()[:2] == ["| method | star_graph solve_rate |", "|---|---|"]
+    assert _row(table, "mutor") == "| mutor | 0.250 |"
 
 
 def test_the_same_summary_twice_counts_once(tmp_path):

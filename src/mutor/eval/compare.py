@@ -1,19 +1,28 @@
-"""``mutor compare``: the paper-style table (method x task) from saved evaluation or training summaries.
+"""Reporting runs, for ``mutor train`` and ``mutor compare``: one reader of summaries, one table, one plot style.
 
-Runs that differ only in seed are averaged: each cell is ``mean ± std`` of the task's primary
-metric over seeds (sample standard deviation, n-1; the paper reports three seeds), with the
-number of seeds when it is not 3.
+Both commands start from the same record, a run's ``summary.json`` (:func:`final_eval` is the
+one place that reads a training summary's final held-out evaluation), and render it two ways:
 
-One run is one sample. A run can have several summaries (its training summary, an evaluation of
-its final model, a checkpoint selection, the same file named twice); they are recognised by the
-run directory they belong to, only one of them counts (a checkpoint selection before an
-evaluation before the training summary's final evaluation), and the table says which were left
-out, so ``n`` counts distinct runs.
+* ``mutor train`` with several methods (:func:`write_comparison`, :func:`print_comparison`):
+  one row per run of this recipe (final evaluation with the primary metric first, its best value
+  over the run, training loss, wall time), a noise-aware :func:`verdict` against ``next_token``,
+  and the curves over steps; written as ``comparison.json``, ``comparison.md``, ``curves.png``.
+* ``mutor compare`` (:func:`collect_summaries`, :func:`comparison_table`, :func:`comparison_plot`):
+  the paper-style table, method x task. Runs that differ only in seed are averaged: each cell is
+  ``mean ± std`` of the task's primary metric over seeds (sample standard deviation, n-1; the
+  paper reports three seeds), with the number of seeds when it is not 3.
+
+What is unusual: in ``mutor compare`` one run is one sample. A run can have several summaries
+(its training summary, an evaluation of its final model, a checkpoint selection, the same file
+named twice); they are recognised by the run directory they belong to, only one of them counts
+(a checkpoint selection before an evaluation before the training summary's final evaluation),
+and the table says which were left out, so ``n`` counts distinct runs.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -21,16 +30,28 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import MutorUserError
+from ..io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["collect_summaries", "comparison_table", "one_per_run", "run_of"]
+__all__ = ["collect_summaries", "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure",
+           "final_eval", "one_per_run", "print_comparison", "run_of", "verdict", "write_comparison"]
+
+
+# ------------------------------------------------------------------ reading
+def final_eval(run: dict) -> dict:
+    """A training summary's last held-out evaluation, without the ``eval_`` prefix (``num_eval`` included)."""
+    hist = run.get("eval_history") or []
+    return {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k != "eval_step"} if hist else {}
+
+
+def _primary(runs: list[dict]) -> Optional[str]:
+    return next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
 
 
 def _from_training(data: dict) -> Optional[dict]:
     """A training run's ``summary.json`` as an evaluation summary: its final held-out evaluation."""
-    hist = data.get("eval_history") or []
-    if not hist or "method" not in data:
+    if not data.get("eval_history") or "method" not in data:
         return None
-    metrics = {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k not in ("eval_step",)}
+    metrics = final_eval(data)
     metrics.pop("num_eval", None)
     return {"task": data.get("task", "?"), "split": "held-out", "model": data.get("recipe", "?"), "n": None,
             "metrics": metrics, "primary": data.get("primary_metric") or next(iter(metrics)),
@@ -109,6 +130,98 @@ def one_per_run(summaries: list[dict]) -> tuple[list[dict], list[str]]:
     return sorted(kept, key=lambda s: order[id(s)]), notes
 
 
+# ------------------------------------------------------------------- tables
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    """The one Markdown table layout of both commands."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def verdict(runs: list[dict]) -> str:
+    """One sentence per method against next_token on the primary metric, claiming a difference only beyond
+    two standard errors of a difference of two rates measured on ``num_eval`` held-out examples."""
+    primary = _primary(runs)
+    ref = next((r for r in runs if r["method"] == "next_token"), None)
+    if primary is None or ref is None:
+        return ""
+    out = []
+    for run in runs:
+        if run is ref:
+            continue
+        a, b = final_eval(run), final_eval(ref)
+        if primary not in a or primary not in b or not a.get("num_eval"):
+            continue
+        n = int(a["num_eval"])
+        noise = 2 * math.sqrt(2) * math.sqrt(0.25 / n)        # worst-case s.e. of a rate is sqrt(0.25/n)
+        diff = a[primary] - b[primary]
+        if abs(diff) < noise:
+            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f}, within noise (2 s.e. of a "
+                       f"difference ~{noise:.3f} on {n} held-out examples); no difference measured.")
+        else:
+            who = run["method"] if diff > 0 else "next_token"
+            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f} on {n} held-out examples, beyond "
+                       f"2 s.e. ({noise:.3f}): {who} is higher in this run (seed {run.get('seed')}).")
+    return "\n".join(out)
+
+
+def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """``mutor train``'s table: one row per run, final evaluation (primary first), best primary, loss, time."""
+    metrics: list[str] = []
+    for run in runs:
+        for k in final_eval(run):
+            if k not in metrics and k != "num_eval":
+                metrics.append(k)
+    primary = _primary(runs)
+    if primary in metrics:
+        metrics.remove(primary)
+        metrics.insert(0, primary)
+    header = ["method", "steps"] + metrics + (["best " + primary] if primary else []) + ["train loss", "wall s"]
+    rows = []
+    for run in runs:
+        fin = final_eval(run)
+        sign = 1 if run.get("primary_higher_is_better", True) else -1
+        vals = [h[f"eval_{primary}"] for h in run.get("eval_history", []) if f"eval_{primary}" in h]
+        best = max(vals, key=lambda v: sign * v) if vals else None
+        rows.append([run["method"], str(run["global_step"])]
+                    + [f"{fin[m]:.4f}" if isinstance(fin.get(m), (int, float)) else "-" for m in metrics]
+                    + ([f"{best:.4f}" if best is not None else "-"] if primary else [])
+                    + [f"{run['train_loss']:.4f}", f"{run['wall_seconds']:.0f}"])
+    return header, rows
+
+
+def comparison_title(runs: list[dict]) -> str:
+    """What the table shows: the final held-out evaluation, or (a task without a training-time evaluator,
+    such as the text benchmarks) training only, with the command that scores the runs."""
+    if any(final_eval(r) for r in runs):
+        return "mutor train: methods compared (final held-out evaluation)"
+    task = next((r.get("task") for r in runs if r.get("task")), "TASK")
+    return (f"mutor train: methods compared (training only: task {task!r} has no held-out evaluation during "
+            f"training; score the runs with `mutor eval --task {task} --checkpoints RUN_DIR`)")
+
+
+def comparison_markdown(runs: list[dict]) -> str:
+    """``comparison.md``: title, the runs' table, the verdict."""
+    v = verdict(runs)
+    return comparison_title(runs) + "\n\n" + _markdown(*comparison_rows(runs)) + (f"\n{v}\n" if v else "")
+
+
+def print_comparison(runs: list[dict]) -> None:
+    """The runs' table and the verdict on the terminal (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    header, rows = comparison_rows(runs)
+    table = Table(title=comparison_title(runs))
+    for c in header:
+        table.add_column(c, justify="left" if c == "method" else "right")
+    for r in rows:
+        table.add_row(*r)
+    console = Console(width=max(100, 14 * len(header)))
+    console.print(table)
+    if verdict(runs):
+        console.print(verdict(runs))
+
+
 def _check_metrics(summaries: list[dict], metrics: Optional[list[str]]) -> None:
     if not metrics:
         return
@@ -119,6 +232,7 @@ def _check_metrics(summaries: list[dict], metrics: Optional[list[str]]) -> None:
 
 
 def _cells(summaries: list[dict], metrics: Optional[list[str]]):
+    """``mutor compare``'s values: (method, task, metric) -> one value per distinct run, in order found."""
     _check_metrics(summaries, metrics)
     summaries, notes = one_per_run(summaries)
     cells: dict = defaultdict(list)
@@ -136,39 +250,80 @@ def _cells(summaries: list[dict], metrics: Optional[list[str]]):
     return cells, methods, columns, notes
 
 
+def _over_seeds(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return f"{vals[0]:.3f}"
+    txt = f"{statistics.fmean(vals):.3f} ± {statistics.stdev(vals):.3f}"
+    return txt if len(vals) == 3 else f"{txt} (n={len(vals)})"
+
+
 def comparison_table(summaries: list[dict], metrics: Optional[list[str]] = None) -> str:
     """Markdown table: one row per method, one column per (task, metric); mean ± sample std over seeds."""
     cells, methods, columns, notes = _cells(summaries, metrics)
-    lines = ["| method | " + " | ".join(f"{t} {m}" for t, m in columns) + " |", "|" + "---|" * (1 + len(columns))]
-    for meth in methods:
-        row = []
-        for t, m in columns:
-            vals = cells.get((meth, t, m), [])
-            if not vals:
-                row.append("-")
-            elif len(vals) == 1:
-                row.append(f"{vals[0]:.3f}")
-            else:
-                txt = f"{statistics.fmean(vals):.3f} ± {statistics.stdev(vals):.3f}"
-                row.append(txt if len(vals) == 3 else f"{txt} (n={len(vals)})")
-        lines.append(f"| {meth} | " + " | ".join(row) + " |")
-    text = "\n".join(lines) + "\n"
+    rows = [[meth] + [_over_seeds(cells.get((meth, t, m), [])) for t, m in columns] for meth in methods]
+    text = _markdown(["method"] + [f"{t} {m}" for t, m in columns], rows)
     if notes:
         text += "\nDuplicates (n counts distinct runs):\n" + "".join(f"- {n}\n" for n in notes)
     return text
 
 
-def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str]] = None) -> None:
-    """Bars of each (task, metric) per method: mean over seeds, error bars = sample std, dots = seeds."""
+# ------------------------------------------------------------------ figures
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _pyplot():
+    """pyplot on the file-only Agg backend (no display is ever needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..io import atomic_write
+    return plt
 
+
+def _save(fig, path) -> None:
+    """The one way a figure is written: PNG at 110 dpi, atomically, then closed."""
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    _pyplot().close(fig)
+
+
+def curves_figure(runs: list[dict], title: str = ""):
+    """Primary held-out metric (if any) and training ntp loss over steps, one line per method. Each method
+    has its own marker, line style and a shrinking marker size, so identical curves (e.g. two methods on
+    the same plateau) stay visible; a panel with nothing to draw says why."""
+    primary = _primary(runs)
+    panels = ([("eval", primary)] if primary else []) + [("train", "ntp_loss")]
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (kind, key) in zip(axes[0], panels):
+        for i, run in enumerate(runs):
+            if kind == "eval":
+                pts = [(h["eval_step"], h.get(f"eval_{key}")) for h in run.get("eval_history", [])]
+            else:
+                pts = [(h["step"], h.get("ntp_loss", h.get("loss"))) for h in run.get("train_history", [])]
+            pts = [(s, v) for s, v in pts if v is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker=MARKERS[i % len(MARKERS)], ms=max(7 - 1.5 * i, 2.5), mfc="none",
+                        ls=LINESTYLES[i % len(LINESTYLES)], color=f"C{i}", label=run["method"])
+        ax.set_title(f"held-out {key}" if kind == "eval" else "training next-token loss", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing logged" if kind == "eval" else "no training loss logged",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str]] = None) -> None:
+    """Bars of each (task, metric) per method: mean over seeds, error bars = sample std, dots = seeds."""
     cells, methods, columns, _ = _cells(summaries, metrics)
-    fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns), 3.2), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(columns), figsize=(3.2 * len(columns), 3.2), squeeze=False)
     for ax, (t, m) in zip(axes[0], columns):
         for i, meth in enumerate(methods):
             vals = cells.get((meth, t, m), [])
@@ -181,5 +336,12 @@ def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str
         ax.set_title(f"{t}: {m}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    _save(fig, path)
+
+
+# ------------------------------------------------------------------ writing
+def write_comparison(root: Path, recipe, runs: list[dict]) -> None:
+    """``mutor train``'s files for a recipe (a :class:`~mutor.recipe.Recipe`) and its runs so far."""
+    write_json_atomic(root / "comparison.json", {"recipe": recipe.to_dict(), "runs": runs})
+    write_text_atomic(root / "comparison.md", comparison_markdown(runs))
+    _save(curves_figure(runs, title=recipe.name), root / "curves.png")
