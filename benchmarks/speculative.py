@@ -34,8 +34,7 @@ def _prompts(run: Path, n: int) -> tuple[list[list[int]], int, str]:
     if task == "star_graph":
         from mutor.data.star_graph import StarGraphShape, make_examples
 
-        t = StarGraphShape(degree=int(data.get("degree", 2)), path_len=int(data.get("path_len", 5)),
-                           num_nodes=int(data.get("num_nodes", 50)))
+        t = StarGraphShape.from_options(data)
         seed = int(data.get("data_seed", recipe.get("seed", 0)))
         test = make_examples(t, min(n, int(data.get("num_test", 500))), seed=2 * seed + 1)   # the held-out split
         return [ex.prompt_ids() for ex in test], t.path_len, "star_graph"

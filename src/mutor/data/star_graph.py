@@ -55,6 +55,12 @@ class StarGraphShape:
             raise ValueError(f"num_nodes={self.num_nodes} < {self.nodes_per_graph} nodes per graph "
                              f"(degree * (path_len - 1) + 1)")
 
+    @classmethod
+    def from_options(cls, options: dict) -> "StarGraphShape":
+        """The shape a ``star_graph`` task's options give (defaults: ``degree`` 2, ``path_len`` 5, ``num_nodes`` 50)."""
+        return cls(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
+                   num_nodes=int(options.get("num_nodes", 50)))
+
     @property
     def nodes_per_graph(self) -> int:
         return self.degree * (self.path_len - 1) + 1
@@ -137,7 +143,8 @@ def make_examples(shape: StarGraphShape, n: int, seed: int, exclude: Optional[se
     return out
 
 
-def split_examples(shape: StarGraphShape, num_train: int, num_test: int, seed: int) -> tuple[list[Example], list[Example]]:
+def split_examples(shape: StarGraphShape, num_train: int, num_test: int,
+                   seed: int) -> tuple[list[Example], list[Example]]:
     """A held-out test set, then a training set that shares no problem with it (separate seeds)."""
     test = make_examples(shape, num_test, seed=2 * seed + 1)
     train = make_examples(shape, num_train, seed=2 * seed, exclude={ex.key for ex in test})
@@ -234,8 +241,7 @@ def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ValueError(f"star_graph: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
-    shape = StarGraphShape(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
-                           num_nodes=int(options.get("num_nodes", 50)))
+    shape = StarGraphShape.from_options(options)
     num_train, num_test = int(options.get("num_train", 20_000)), int(options.get("num_test", 500))
     if num_train < 1 or num_test < 1:
         raise ValueError(f"star_graph: num_train and num_test must be >= 1 (got {num_train}, {num_test})")

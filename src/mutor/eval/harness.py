@@ -374,8 +374,7 @@ def _with_source(training_data, name: str, source: str, options: dict):
     from ..data.path_star import path_star_examples
     from ..data.star_graph import StarGraphShape, evaluate
 
-    shape = StarGraphShape(degree=int(options.get("degree", 2)), path_len=int(options.get("path_len", 5)),
-                           num_nodes=int(options.get("num_nodes", 50)))
+    shape = StarGraphShape.from_options(options)
     train_keys = {ex.key for ex in training_data.train_dataset.examples}
     examples = path_star_examples(shape, int(options.get("num_test", 500)), seed=0,
                                   exclude=train_keys)
