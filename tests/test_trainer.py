@@ -14,6 +14,7 @@ from mutor import MuToRConfig, MuToRModel
 from mutor.collator import PaddingCollator
 from mutor.layout import build_layout
 from mutor.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.next_token import NextTokenModel
 from mutor.presets import tiny_causal_lm
 from mutor.recipe import load_recipe
 from mutor.testing import byte_tokenizer
@@ -141,10 +142,10 @@ def test_accumulated_denominators_are_the_global_counts(tmp_path):
     batches = [_WithOffsets()(data[i:i + 2]) for i in (0, 2)]
     it = iter(batches)
     samples, n_items = trainer.get_batch_samples(it, 2, torch.device("cpu"))
-    trainer._prepare_aux_counts()
+    trainer._count_reg_targets()
     outs = [model(**b) for b in samples]
     assert int(n_items) == sum(o.num_ntp_tokens for o in outs)
-    assert int(trainer._num_aux_in_batch) == sum(o.num_registers for o in outs)
+    assert int(trainer._num_reg_in_batch) == sum(o.num_registers for o in outs)
 
 
 RECIPE = {
@@ -223,7 +224,7 @@ def test_bidirectional_next_token_places_no_registers(tmp_path):
              training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,
                        "logging_steps": 1})
     out = run_recipe(r, quiet=True)
-    assert out["runs"][0]["parameters"]["added_by_method"] == 64      # the (unused) register vector
+    assert out["runs"][0]["parameters"]["added_by_method"] == 0       # NextTokenModel adds nothing (issue 20)
     assert "reg_loss" not in out["runs"][0]["train_history"][-1] or \
         out["runs"][0]["train_history"][-1].get("reg_loss") is None
 
@@ -238,8 +239,8 @@ def test_chunked_loss_applies_to_the_next_token_baseline_too():
     recipe = load_recipe(dict(RECIPE, method="next_token", loss_chunk_size=5))
     base = tiny_causal_lm(259, seed=0)
     model = wrap_for_method(base, recipe, "next_token", SimpleNamespace(mutor_overrides={}))
-    assert isinstance(model, MuToRModel) and model.loss_chunk_size == 5
-    assert model.mutor_config.loss_weight == 0.0
+    assert isinstance(model, NextTokenModel) and model.loss_chunk_size == 5
+    assert model.num_added_parameters() == 0 and not hasattr(model, "register_embeddings")
     batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
     out = model(**batch)
     assert out.num_registers == 0
@@ -247,6 +248,32 @@ def test_chunked_loss_applies_to_the_next_token_baseline_too():
     plain = wrap_for_method(base, load_recipe(dict(RECIPE, method="next_token")), "next_token",
                             SimpleNamespace(mutor_overrides={}))
     assert plain is base
+
+
+def test_next_token_baseline_is_honest(tmp_path):
+    """The bidirectional-prefix baseline: no parameter added, no register, no offset drawn from the global RNG,
+    and a checkpoint that is the vanilla model plus one config file recording the prefix attention."""
+    from types import SimpleNamespace
+
+    from mutor.build import wrap_for_method
+    from mutor.eval.harness import run_info
+
+    recipe = load_recipe(dict(RECIPE, method="next_token", prefix_attention="bidirectional"))
+    model = wrap_for_method(tiny_causal_lm(259, seed=0), recipe, "next_token", SimpleNamespace(mutor_overrides={}))
+    assert isinstance(model, NextTokenModel) and model.num_added_parameters() == 0
+    batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
+    before = torch.random.get_rng_state()
+    assert model.count_reg_targets(dict(batch)) == 0
+    out = model(**batch)
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert out.num_registers == 0 and out.reg_count_per_offset.numel() == 0
+    torch.testing.assert_close(out.loss, out.ntp_loss)
+    model.save_pretrained(tmp_path / "m")
+    files = {p.name for p in (tmp_path / "m").iterdir()}
+    assert "next_token_config.json" in files and not any(f.startswith("mutor") for f in files)
+    assert run_info(str(tmp_path / "m"))["prefix_attention"] == "bidirectional"
+    again = NextTokenModel.from_pretrained(tmp_path / "m")
+    torch.testing.assert_close(again(**batch).loss, out.loss)
 
 
 def test_packed_text_pretraining(tmp_path, monkeypatch):

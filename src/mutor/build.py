@@ -101,16 +101,15 @@ def _grid_overrides(recipe: Recipe, task: TrainingData) -> dict:
 
 
 def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TrainingData) -> torch.nn.Module:
-    """The module Trainer trains: the base itself, MuToRModel, or MultiTokenModel."""
+    """The module Trainer trains: the base itself, NextTokenModel, MuToRModel, or MultiTokenModel."""
     if method == "next_token":
         if recipe.prefix_attention == "causal" and recipe.loss_chunk_size is None:
             return base
-        from .model import MuToRModel
+        from .next_token import NextTokenConfig, NextTokenModel
 
-        # same forward as the plain model (with the prefix mask, or the chunked loss, so the
-        # baseline gets what MuToR gets); loss_weight 0 places no register
-        return MuToRModel(base, recipe.mutor_config(loss_weight=0.0, **_grid_overrides(recipe, task)),
-                          loss_chunk_size=recipe.loss_chunk_size)
+        # the same mask (bidirectional prefix) or the same chunked loss as the other methods, and nothing else
+        return NextTokenModel(base, NextTokenConfig(prefix_attention=recipe.prefix_attention),
+                              loss_chunk_size=recipe.loss_chunk_size)
     if method == "mutor":
         from .model import MuToRModel
 

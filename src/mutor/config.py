@@ -13,8 +13,26 @@ from typing import Optional
 SIDECAR_CONFIG = "mutor_config.json"
 
 
+class JsonConfig:
+    """``to_dict`` / ``from_dict`` (unknown fields named) / ``to_json_string`` for a method's config dataclass."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
 @dataclass
-class MuToRConfig:
+class MuToRConfig(JsonConfig):
     d_max: int = field(
         default=4,
         metadata={"help": "Largest prediction offset d: a register after x_t predicts x_{t+d}, "
@@ -141,17 +159,3 @@ class MuToRConfig:
     def num_register_embeddings(self) -> int:
         return 1 if self.register_embedding == "shared" else len(self.offset_choices())
 
-    # ---------------------------------------------------------------- file I/O
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MuToRConfig":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"MuToRConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        return cls(**data)
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

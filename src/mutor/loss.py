@@ -132,14 +132,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias:
     return _FusedLinearCE.apply(hidden, weight, bias, targets, row_weight, softcap, int(chunk))
 
 
-def head_cross_entropy(model, hidden: torch.Tensor, targets: torch.Tensor, is_aux: torch.Tensor, aux_weight: float,
-                       main_den, aux_den, chunk: int):
-    """:func:`fused_linear_cross_entropy` through ``model``'s own output layer (and final soft-capping), for
-    the two-part objective ``(1 - a) * sum(main CE) / main_den + a * sum(aux CE) / aux_den``;
-    ``is_aux`` (N,) marks the auxiliary rows (registers, extra heads)."""
-    dev = hidden.device
-    row_weight = torch.where(is_aux, torch.as_tensor(aux_weight / aux_den, device=dev, dtype=torch.float32),
-                             torch.as_tensor((1.0 - aux_weight) / main_den, device=dev, dtype=torch.float32))
+def head_cross_entropy(model, hidden: torch.Tensor, targets: torch.Tensor, row_weight: torch.Tensor, chunk: int):
+    """:func:`fused_linear_cross_entropy` through ``model``'s own output layer (and final soft-capping);
+    ``row_weight`` (N,) is each row's weight in the objective (:func:`mutor.wrapper.row_weights`)."""
     head = model.get_output_embeddings()
     cap = getattr(model.config, "final_logit_softcapping", None)
     return fused_linear_cross_entropy(hidden, head.weight, head.bias, targets, row_weight, cap, chunk)

@@ -46,53 +46,11 @@ from typing import Any, Callable, Optional
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .layout import IGNORE_INDEX, build_layout, sample_offsets
-from .model import MuToRModel
+from .wrapper import TrainingWrapper
 
-__all__ = ["MuToRTrainer", "aux_wrapper_types", "count_aux_targets"]
+__all__ = ["MuToRTrainer"]
 
 TRAIN_LOSS_FILE = "mutor_train_loss.json"
-
-
-def aux_wrapper_types() -> tuple[type, ...]:
-    """The wrapper classes whose objective has auxiliary targets."""
-    from .multi_token import MultiTokenModel
-
-    return (MuToRModel, MultiTokenModel)
-
-
-def _labels_of(batch: dict) -> torch.Tensor:
-    labels = batch.get("labels")
-    if labels is not None:
-        return labels
-    ids, am = batch["input_ids"], batch.get("attention_mask")
-    return ids if am is None else ids.masked_fill(am == 0, IGNORE_INDEX)
-
-
-def count_aux_targets(wrapper: torch.nn.Module, batch: dict) -> int:
-    """Auxiliary targets the wrapper will train on for ``batch``.
-
-    MuToR: samples the per-row offsets now (into ``batch["offset_index"]``, with the model's
-    own generator when it has one) and counts the registers they give. The count does not
-    depend on which random subset ``num_registers`` later picks, only on how many are eligible.
-    Multi-Token: head ``k`` has a target at ``t`` when ``x_{t+k}`` is supervised and in the same
-    document, i.e. exactly MuToR's eligibility with ``d = k``.
-    """
-    labels = _labels_of(batch)
-    am, pos = batch.get("attention_mask"), batch.get("position_ids")
-    if isinstance(wrapper, MuToRModel):
-        cfg = wrapper.mutor_config
-        if "offset_index" not in batch:
-            batch["offset_index"] = sample_offsets(cfg, labels.shape[0], wrapper._generator)
-        layout = build_layout(labels, cfg, am, pos, batch["offset_index"], generator=torch.Generator())
-        return layout.num_registers
-    from .multi_token import head_target_layout
-
-    d_max = int(wrapper.multi_token_config.d_max)
-    total = 0
-    for k in range(2, d_max + 1):
-        total += head_target_layout(labels, k, am, pos).num_registers
-    return total
 
 
 class _TaskEvalCallback(TrainerCallback):
@@ -149,7 +107,7 @@ class MuToRTrainer(Trainer):
     def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.task_evaluator = task_evaluator
-        self._num_aux_in_batch: Optional[torch.Tensor] = None
+        self._num_reg_in_batch: Optional[torch.Tensor] = None
         self._pending = None
         self._sums: dict[str, Any] = defaultdict(float)
         if task_evaluator is not None:
@@ -157,14 +115,14 @@ class MuToRTrainer(Trainer):
         self.add_callback(_LogLastStep())
 
     # ----------------------------------------------------------------- helpers
-    def aux_wrapper(self) -> Optional[torch.nn.Module]:
-        """The MuToR / Multi-Token wrapper being trained, or None for a plain model."""
+    def training_wrapper(self) -> Optional[TrainingWrapper]:
+        """The wrapper being trained (MuToR, Multi-Token, next-token), or None for a plain model."""
         m = self.accelerator.unwrap_model(self.model)
-        return m if isinstance(m, aux_wrapper_types()) else None
+        return m if isinstance(m, TrainingWrapper) else None
 
     def plain_model(self) -> torch.nn.Module:
         """The base model (what is saved and what generates), without any wrapper."""
-        w = self.aux_wrapper()
+        w = self.training_wrapper()
         return w.base_model if w is not None else self.accelerator.unwrap_model(self.model)
 
     @torch.no_grad()
@@ -184,63 +142,50 @@ class MuToRTrainer(Trainer):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         # offsets are sampled at the step's first training_step, not here: on resume, Trainer restores the
         # RNG states only after fetching the first step's batches, and the offsets must come after that
-        self._pending = (batch_samples, device) if self.aux_wrapper() is not None else None
-        self._num_aux_in_batch = None
+        self._pending = (batch_samples, device) if self.training_wrapper() is not None else None
+        self._num_reg_in_batch = None
         return batch_samples, num_items_in_batch
 
-    def _prepare_aux_counts(self) -> None:
-        """Sample MuToR offsets for every micro-batch of this optimizer step and count auxiliary targets."""
+    def _count_reg_targets(self) -> None:
+        """Count the auxiliary targets of every micro-batch of this optimizer step (MuToR samples its offsets)."""
         batch_samples, device = self._pending
         self._pending = None
-        w = self.aux_wrapper()
-        n = torch.tensor(sum(count_aux_targets(w, b) for b in batch_samples), device=device)
+        w = self.training_wrapper()
+        n = torch.tensor(sum(w.count_reg_targets(b) for b in batch_samples), device=device)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             n = self.accelerator.gather(n).sum()
-        self._num_aux_in_batch = n
+        self._num_reg_in_batch = n
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if getattr(self, "_pending", None) is not None:
-            self._prepare_aux_counts()
+            self._count_reg_targets()
         return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.aux_wrapper() is None:
+        if self.training_wrapper() is None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        if model.training and self._num_aux_in_batch is not None and num_items_in_batch is not None:
-            inputs = {**inputs, "num_registers_in_batch": self._num_aux_in_batch}
+        if model.training and self._num_reg_in_batch is not None and num_items_in_batch is not None:
+            inputs = {**inputs, "num_registers_in_batch": self._num_reg_in_batch}
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
-            self._accumulate(outputs, num_items_in_batch)
+            self._accumulate(outputs)
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _accumulate(self, out, num_items_in_batch) -> None:
-        """Keep sums so that the logged values are token-weighted means over the logging window."""
+    def _accumulate(self, out) -> None:
+        """Add the forward's loss sums and counts, so the logged values are token-weighted means over the window."""
         s = self._sums
-        n_ntp = float(out.num_ntp_tokens or 0)
-        n_reg = float(out.num_registers or 0)
-        ntp_den = float(num_items_in_batch) if num_items_in_batch is not None else max(n_ntp, 1.0)
-        reg_den = float(self._num_aux_in_batch) if self._num_aux_in_batch is not None and \
-            num_items_in_batch is not None else max(n_reg, 1.0)
-        s["ntp_sum"] += float(out.ntp_loss) * ntp_den
-        s["ntp_n"] += n_ntp
-        if out.reg_loss is not None:
-            s["reg_sum"] += float(out.reg_loss) * reg_den
-            s["reg_n"] += n_reg
-            s["acc_sum"] += float(out.reg_accuracy) * n_reg
+        s["ntp_sum"] += float(out.ntp_loss_sum)
+        s["ntp_n"] += float(out.num_ntp_tokens or 0)
+        if out.num_registers:
+            s["reg_sum"] += float(out.reg_loss_sum)
+            s["reg_n"] += float(out.num_registers)
+            s["acc_sum"] += float(out.reg_hits_per_offset.sum())
         if out.reg_count_per_offset is not None:
-            cnt = out.reg_count_per_offset.detach().float().cpu()
-            s["k_n"] = s["k_n"] + cnt
-            # NaN marks an offset absent from the batch: it adds nothing
-            s["k_loss"] = s["k_loss"] + out.reg_loss_per_offset.detach().float().cpu().nan_to_num(0.0) * cnt
-            s["k_acc"] = s["k_acc"] + out.reg_accuracy_per_offset.detach().float().cpu().nan_to_num(0.0) * cnt
-
-    def _offset_names(self) -> list[str]:
-        w = self.aux_wrapper()
-        if isinstance(w, MuToRModel):
-            return w.mutor_config.offset_names()
-        return [f"d={k}" for k in range(2, int(w.multi_token_config.d_max) + 1)]
+            s["k_n"] = s["k_n"] + out.reg_count_per_offset.float().cpu()
+            s["k_loss"] = s["k_loss"] + out.reg_loss_sum_per_offset.float().cpu()
+            s["k_acc"] = s["k_acc"] + out.reg_hits_per_offset.float().cpu()
 
     def log(self, logs: dict, start_time: Optional[float] = None) -> None:
         s = self._sums
@@ -250,7 +195,7 @@ class MuToRTrainer(Trainer):
                 logs["reg_loss"] = round(s["reg_sum"] / s["reg_n"], 6)
                 logs["reg_accuracy"] = round(s["acc_sum"] / s["reg_n"], 6)
             if isinstance(s.get("k_n"), torch.Tensor):
-                for name, n, l, a in zip(self._offset_names(), s["k_n"].tolist(), s["k_loss"].tolist(),
+                for name, n, l, a in zip(self.training_wrapper().offset_names(), s["k_n"].tolist(), s["k_loss"].tolist(),
                                          s["k_acc"].tolist()):
                     if n:
                         logs[f"reg_loss/{name}"] = round(l / n, 6)
@@ -293,7 +238,7 @@ class MuToRTrainer(Trainer):
         return (before + self._total_loss_scalar) / max(steps_before + done, 0.001)
 
     def _save(self, output_dir: Optional[str] = None, state_dict: Optional[dict] = None) -> None:
-        w = self.aux_wrapper()
+        w = self.training_wrapper()
         if w is None:
             return super()._save(output_dir, state_dict)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
@@ -311,26 +256,19 @@ class MuToRTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Optional[torch.nn.Module] = None) -> None:
         target = self.accelerator.unwrap_model(model if model is not None else self.model)
-        if not isinstance(target, aux_wrapper_types()):
+        if not isinstance(target, TrainingWrapper):
             return super()._load_from_checkpoint(resume_from_checkpoint, model=model)
         if self.is_fsdp_enabled:
             # FSDP's own resume file (pytorch_model_fsdp.bin, or its sharded folder) holds the whole wrapper,
             # registers / heads included, and loads into the sharded parameters; the sidecar adds the generator
             super()._load_from_checkpoint(resume_from_checkpoint, model=model)
-            if isinstance(target, MuToRModel) and target.rng_state() is not None:
-                from safetensors.torch import load_file
-
-                from .model import SIDECAR_WEIGHTS
-
-                state = load_file(os.path.join(resume_from_checkpoint, SIDECAR_WEIGHTS))
-                if "generator_state" in state:
-                    target.set_rng_state(state["generator_state"])
+            target.load_sidecar(resume_from_checkpoint, parameters=False)
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model=target.base_model)
         target.load_sidecar(resume_from_checkpoint)
 
     def _load_best_model(self) -> None:
-        if self.aux_wrapper() is None:
+        if self.training_wrapper() is None:
             return super()._load_best_model()
         if self.state.best_model_checkpoint:
             self._load_from_checkpoint(self.state.best_model_checkpoint)

@@ -52,7 +52,8 @@ from .config import MuToRConfig
 from .layout import IGNORE_INDEX
 from .model import MuToRModel
 from .multi_token import MultiTokenConfig, MultiTokenModel
-from .trainer import MuToRTrainer, aux_wrapper_types
+from .trainer import MuToRTrainer
+from .wrapper import TrainingWrapper
 
 __all__ = ["MuToRSFTTrainer", "MuToRConfig", "MultiTokenConfig"]   # one import line for an SFTTrainer script
 
@@ -71,11 +72,11 @@ class _WrapperLoss:
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.aux_wrapper() is None:
+        if self.training_wrapper() is None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         inputs = {k: v for k, v in inputs.items() if k not in _VARLEN_KEYS}
-        w = self.aux_wrapper()
+        w = self.training_wrapper()
         if isinstance(w, MuToRModel) and w.loss_chunk_size is None:
             inputs["return_logits"] = True          # regular-token logits for entropy / token accuracy
         loss, outputs = Trainer.compute_loss(self, model, inputs, return_outputs=True,
@@ -114,7 +115,7 @@ class _WrapperLoss:
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation: the wrapper's loss; logits for ``compute_metrics`` come from the plain model, as
         SFTTrainer recomputes them with an extra forward."""
-        if self.aux_wrapper() is None:
+        if self.training_wrapper() is None:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
@@ -138,7 +139,7 @@ class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
 
     def __init__(self, model: Union[str, nn.Module], args=None, *positional: Any,
                  mutor_config: Optional[Union[MuToRConfig, MultiTokenConfig]] = None, **kwargs: Any):
-        wrapper = model if isinstance(model, aux_wrapper_types()) else None
+        wrapper = model if isinstance(model, TrainingWrapper) else None
         if wrapper is not None and mutor_config is not None:
             raise ValueError("MuToRSFTTrainer: pass either a MuToRModel/MultiTokenModel as `model` or `mutor_config`, "
                              "not both (the wrapper already carries its config)")

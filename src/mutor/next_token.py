@@ -1,0 +1,98 @@
+"""The next-token baseline, when the plain model alone cannot be it: a bidirectional prefix or a chunked loss.
+
+With a causal prefix and the model's own loss, ``mutor train`` trains the base model itself, exactly as a
+plain ``Trainer`` would. The paper's fine-tuning setting gives every method a bidirectional prompt
+(Appendix A), and ``loss_chunk_size`` computes every method's loss through the same chunked projection;
+the baseline then needs the same mask and the same loss path as the other methods, and nothing else.
+``NextTokenModel`` is that: no parameter of its own (nothing "added by the method"), no register, no
+offset drawn from any RNG, and a sidecar of one config file (``next_token_config.json``) that records
+the prefix attention the model was trained with, which evaluation reads back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from .config import JsonConfig, MuToRConfig
+from .layout import IGNORE_INDEX, build_layout
+from .masks import SUPPORTED_ATTENTION, build_attention_mask
+from .wrapper import MuToROutput, TrainingWrapper, inner_model, objective_output, prepare_inputs, row_weights
+
+NT_CONFIG = "next_token_config.json"
+
+__all__ = ["NextTokenConfig", "NextTokenModel"]
+
+
+@dataclass
+class NextTokenConfig(JsonConfig):
+    prefix_attention: str = field(default="causal", metadata={"help": "'causal' or 'bidirectional' (prompt tokens "
+                                                                      "attend to the whole prompt)."})
+
+    def __post_init__(self) -> None:
+        if self.prefix_attention not in ("causal", "bidirectional"):
+            raise ValueError(f"NextTokenConfig.prefix_attention: must be 'causal' or 'bidirectional' "
+                             f"(got {self.prefix_attention!r})")
+
+
+class NextTokenModel(TrainingWrapper):
+    """Wrap ``base`` for next-token training with a bidirectional prefix and/or the chunked loss."""
+
+    config_class, config_file, config_attr = NextTokenConfig, NT_CONFIG, "next_token_config"
+
+    def __init__(self, base: nn.Module, config: Optional[NextTokenConfig] = None,
+                 loss_chunk_size: Optional[int] = None):
+        super().__init__(base, loss_chunk_size)
+        self.next_token_config = config if config is not None else NextTokenConfig()
+        if self.next_token_config.prefix_attention == "bidirectional" and \
+                self.attn_implementation not in SUPPORTED_ATTENTION:
+            raise ValueError(f"{type(inner_model(base)).__name__} uses attn_implementation="
+                             f"{self.attn_implementation!r}, which cannot take the bidirectional prefix mask; "
+                             "use sdpa or eager")
+
+    def count_reg_targets(self, batch: dict) -> int:
+        return 0
+
+    def offset_names(self) -> list[str]:
+        return []
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
+        **kwargs: Any,
+    ) -> MuToROutput:
+        """The next-token loss of the base model under mutor's mask (bidirectional prefix, packed documents,
+        sliding windows: :func:`mutor.masks.build_attention_mask`), through the chunked loss when configured."""
+        for unused in ("offset_index", "num_registers_in_batch"):
+            kwargs.pop(unused, None)
+        input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
+                                                           self.device)
+        mask_rule = MuToRConfig(loss_weight=0.0, prefix_attention=self.next_token_config.prefix_attention)
+        no_offsets = torch.zeros(len(labels), dtype=torch.long)                          # (B,): nothing sampled
+        layout = build_layout(labels, mask_rule, attention_mask, position_ids, no_offsets)
+        dtype = self.get_input_embeddings().weight.dtype
+        mask = build_attention_mask(layout, self.attn_implementation, self.windows, dtype)
+        keep = layout.ntp_labels != IGNORE_INDEX                                        # (B, T)
+        targets = layout.ntp_labels[keep]                                               # (N,)
+        is_reg = torch.zeros_like(targets, dtype=torch.bool)
+        run = dict(input_ids=input_ids, attention_mask=mask, position_ids=layout.position_ids, use_cache=False,
+                   **kwargs)
+        inner, loss = inner_model(self.base_model), None
+        if self.loss_chunk_size is None:
+            logits = self.base_model(**run, logits_to_keep=keep).logits                 # (N, V)
+            ce = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")   # (N,)
+        else:
+            from .loss import head_cross_entropy
+
+            hs = inner.get_decoder()(**run).last_hidden_state                           # (B, T, C)
+            loss, ce, _ = head_cross_entropy(inner, hs[keep], targets, row_weights(is_reg, 0.0, num_items_in_batch),
+                                             self.loss_chunk_size)
+        empty = targets[:0]
+        return objective_output(ce, is_reg, empty.bool(), empty, 0, 0.0, num_items_in_batch, loss=loss)
