@@ -32,7 +32,7 @@ from torch import nn
 from .attention import split_attention_for
 from .config import SIDECAR_CONFIG, MuToRConfig
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
-from .masks import SUPPORTED_ATTENTION, build_attention_mask
+from .masks import build_attention_mask
 from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, objective_output, prepare_inputs,
                       row_weights)
 
@@ -63,10 +63,7 @@ class MuToRModel(TrainingWrapper):
                 raise TypeError(f"{name}.forward does not accept `{arg}`; MuToR injects registers through "
                                 "inputs_embeds and position_ids with a custom attention mask, so it needs a model "
                                 "whose forward takes them (most transformers causal LMs do)")
-        if self.attn_implementation not in SUPPORTED_ATTENTION:
-            raise ValueError(f"{name} uses attn_implementation={self.attn_implementation!r}, which cannot take "
-                             "MuToR's custom attention mask; load the model with attn_implementation='sdpa' (or "
-                             "'eager', or 'flex_attention' on GPU)")
+        self.require_mask_support("MuToR's custom attention mask")
         self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
 
         emb = base.get_input_embeddings()

@@ -32,7 +32,6 @@ from torch import nn
 
 from .config import JsonConfig, MuToRConfig
 from .layout import IGNORE_INDEX, build_layout
-from .masks import SUPPORTED_ATTENTION, build_attention_mask
 from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, objective_output, prepare_inputs,
                       row_weights)
 
@@ -93,10 +92,8 @@ class MultiTokenModel(TrainingWrapper):
         self.multi_token_config = config if config is not None else MultiTokenConfig()
         inner = inner_model(base)
         layers, _, _ = _parts(inner)
-        if self.multi_token_config.prefix_attention == "bidirectional" and \
-                self.attn_implementation not in SUPPORTED_ATTENTION:
-            raise ValueError(f"{type(inner).__name__} uses attn_implementation={self.attn_implementation!r}, which "
-                             "cannot take the bidirectional prefix mask; use sdpa or eager")
+        if self.multi_token_config.prefix_attention == "bidirectional":
+            self.require_mask_support("the bidirectional prefix mask")
         self.heads = nn.ModuleList(copy.deepcopy(layers[-1]) for _ in range(self.multi_token_config.d_max - 1))
         for p in self.heads.parameters():
             p.requires_grad_(True)          # a peft-frozen last layer still gives fully trainable heads
@@ -171,10 +168,8 @@ class MultiTokenModel(TrainingWrapper):
         """With a bidirectional prefix, the mask (and position ids) of mutor's mask builder; else the model's own."""
         if self.multi_token_config.prefix_attention != "bidirectional":
             return attention_mask, position_ids
-        prefix = build_layout(labels, MuToRConfig(loss_weight=0.0, prefix_attention="bidirectional"),
-                              attention_mask, position_ids)
-        dtype = self.get_input_embeddings().weight.dtype
-        return build_attention_mask(prefix, self.attn_implementation, self.windows, dtype), prefix.position_ids
+        mask, layout = self.register_free_mask(labels, attention_mask, position_ids, "bidirectional")
+        return mask, layout.position_ids
 
     def _trunk(self, run: dict, keep: torch.Tensor):
         """The base model's forward (the decoder's normed hidden states for the chunked loss, else logits at

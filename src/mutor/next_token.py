@@ -17,9 +17,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from .config import JsonConfig, MuToRConfig
-from .layout import IGNORE_INDEX, build_layout
-from .masks import SUPPORTED_ATTENTION, build_attention_mask
+from .config import JsonConfig
+from .layout import IGNORE_INDEX
 from .wrapper import MuToROutput, TrainingWrapper, inner_model, objective_output, prepare_inputs, row_weights
 
 NT_CONFIG = "next_token_config.json"
@@ -47,11 +46,7 @@ class NextTokenModel(TrainingWrapper):
                  loss_chunk_size: Optional[int] = None):
         super().__init__(base, loss_chunk_size)
         self.next_token_config = config if config is not None else NextTokenConfig()
-        if self.next_token_config.prefix_attention == "bidirectional" and \
-                self.attn_implementation not in SUPPORTED_ATTENTION:
-            raise ValueError(f"{type(inner_model(base)).__name__} uses attn_implementation="
-                             f"{self.attn_implementation!r}, which cannot take the bidirectional prefix mask; "
-                             "use sdpa or eager")
+        self.require_mask_support("mutor's attention mask (bidirectional prefix, packed documents)")
 
     def count_reg_targets(self, batch: dict) -> int:
         return 0
@@ -74,11 +69,8 @@ class NextTokenModel(TrainingWrapper):
             kwargs.pop(unused, None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
                                                            self.device)
-        mask_rule = MuToRConfig(loss_weight=0.0, prefix_attention=self.next_token_config.prefix_attention)
-        no_offsets = torch.zeros(len(labels), dtype=torch.long)                          # (B,): nothing sampled
-        layout = build_layout(labels, mask_rule, attention_mask, position_ids, no_offsets)
-        dtype = self.get_input_embeddings().weight.dtype
-        mask = build_attention_mask(layout, self.attn_implementation, self.windows, dtype)
+        mask, layout = self.register_free_mask(labels, attention_mask, position_ids,
+                                               self.next_token_config.prefix_attention)
         keep = layout.ntp_labels != IGNORE_INDEX                                        # (B, T)
         targets = layout.ntp_labels[keep]                                               # (N,)
         is_reg = torch.zeros_like(targets, dtype=torch.bool)

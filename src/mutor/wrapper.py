@@ -245,6 +245,28 @@ class TrainingWrapper(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def require_mask_support(self, what: str) -> None:
+        """A ValueError naming the model unless its attention backend takes mutor's masks (``what`` needs them)."""
+        from .masks import SUPPORTED_ATTENTION
+
+        if self.attn_implementation not in SUPPORTED_ATTENTION:
+            raise ValueError(f"{type(inner_model(self.base_model)).__name__} uses attn_implementation="
+                             f"{self.attn_implementation!r}, which cannot take {what}; load the model with "
+                             "attn_implementation='sdpa' (or 'eager', or 'flex_attention' on GPU)")
+
+    def register_free_mask(self, labels, attention_mask, position_ids, prefix_attention: str):
+        """mutor's attention rule with no register (bidirectional prefix, packed documents, sliding windows):
+        the mask for this model's backend and the layout's position ids. Nothing is drawn from any RNG."""
+        from .config import MuToRConfig
+        from .layout import build_layout
+        from .masks import build_attention_mask
+
+        rule = MuToRConfig(loss_weight=0.0, prefix_attention=prefix_attention)
+        no_offsets = torch.zeros(len(labels), dtype=torch.long)                           # (B,)
+        layout = build_layout(labels, rule, attention_mask, position_ids, no_offsets)
+        dtype = self.get_input_embeddings().weight.dtype
+        return build_attention_mask(layout, self.attn_implementation, self.windows, dtype), layout
+
     def num_added_parameters(self) -> int:
         """Parameters the method adds to the base model (registers, heads; none for next-token)."""
         return sum(p.numel() for n, p in self.named_parameters() if not n.startswith("base_model."))
