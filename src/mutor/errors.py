@@ -31,7 +31,7 @@ class MutorUserError(ValueError):
     """Bad input from the user (a recipe, a path, a flag): the message names the problem and what was expected."""
 
 
-def _is_offline() -> bool:
+def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -42,7 +42,7 @@ def hub_probe(name: str, what: str) -> dict:
     id is in the local cache, else a :class:`MutorUserError` saying so. Missing repository: a
     :class:`MutorUserError` naming it.
     """
-    if _is_offline():
+    if is_offline():
         return {}
     import huggingface_hub
     from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError

@@ -166,13 +166,13 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData
     ``max_length`` (512 tokens; longer training examples are dropped), ``num_proc``."""
     import datasets
 
-    from .text import _need_tokenizer, _pad_id, tokenize_pair
+    from .text import need_tokenizer, pad_id_of, tokenize_pair
 
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise MutorUserError(f"data options {unknown} are not understood by task 'gsm_symbolic'; it takes "
                              f"{sorted(_OPTIONS)}")
-    _need_tokenizer(tokenizer, "gsm_symbolic")
+    need_tokenizer(tokenizer, "gsm_symbolic")
     o = {**DEFAULTS, **options}
     for k in ("num_train", "num_validation", "num_test", "data_seed", "heldout_every", "max_length"):
         if not isinstance(o[k], int) or isinstance(o[k], bool):
@@ -201,6 +201,6 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData
             "heldout_templates": len(template_ids("test_new_templates", o["heldout_every"])),
             "eval_examples": len(eval_ds) if eval_ds is not None else 0, "num_test": o["num_test"],
             "data_seed": o["data_seed"]}
-    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=pad_id_of(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                         max_length=max_length, info=info)

@@ -66,9 +66,9 @@ def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[st
     import datasets
     import huggingface_hub
 
-    from ..errors import HUB_PROBE_TIMEOUT_S, MutorUserError, _is_offline
+    from ..errors import HUB_PROBE_TIMEOUT_S, MutorUserError, is_offline
 
-    if _is_offline():
+    if is_offline():
         return datasets.load_dataset(hub_id, hub_config, split=split)
     try:
         huggingface_hub.dataset_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
@@ -91,7 +91,7 @@ def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[st
     return datasets.load_dataset(hub_id, hub_config, split=split)
 
 
-def _need_tokenizer(tokenizer, task: str):
+def need_tokenizer(tokenizer, task: str):
     if tokenizer is None:
         raise ValueError(f"task {task!r} needs a tokenizer: set model.tokenizer (or model.name_or_path)")
     if tokenizer.eos_token_id is None:
@@ -140,7 +140,7 @@ def _missing_columns(template: TextTemplate, rows) -> list[str]:
 def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: int) -> TrainingData:
     """Training (and optional evaluation) data of a prompt/completion task rendered by ``template``."""
     _check_options(options, _COMMON, template.name)
-    _need_tokenizer(tokenizer, template.name)
+    need_tokenizer(tokenizer, template.name)
     max_length = int(options.get("max_length", template.max_length))
 
     def rows_for(path, split, what):
@@ -174,12 +174,12 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
         eval_ds, _, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
                                   tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
         info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
-    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=pad_id_of(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                         max_length=max_length, info=info)
 
 
-def _pad_id(tokenizer) -> int:
+def pad_id_of(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
@@ -210,7 +210,7 @@ def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     """Plain-text pretraining data: loss on every token, documents cut into ``max_length`` pieces, packed."""
     allowed = (_COMMON - {"eval_split"}) | {"hub_id", "hub_config", "text_field"}
     _check_options(options, allowed | {"eval_split"}, "text")
-    _need_tokenizer(tokenizer, "text")
+    need_tokenizer(tokenizer, "text")
     max_length = int(options.get("max_length", 1024))
     field = options.get("text_field", "text")
 
@@ -240,6 +240,6 @@ def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
         eval_ds = build(options.get("eval_path"), options.get("eval_split"), options.get("eval_limit"))
     info = {"num_examples": len(train), "max_length": max_length, "dropped_too_long": 0}
-    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=_pad_id(tokenizer),
+    return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=pad_id_of(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                         max_length=max_length, info=info, packing=True)
