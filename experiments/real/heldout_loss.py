@@ -5,7 +5,8 @@ cross-entropy over the answer tokens (chain of thought + eos) of the first ``--l
 both held-out splits, with the prompt under the prefix attention the run was trained with (read from
 the run, as ``mutor eval`` reads it). The loss goes through :class:`mutor.next_token.NextTokenModel`,
 the same mask and loss path as training. The standard error is over examples (each example's mean
-token loss is one sample; the reported mean is token-weighted, as training's).
+token loss is one sample; the reported mean is token-weighted, as training's); each example's loss and
+token count are kept, so two models can be compared pairwise on the same examples.
 
     python experiments/real/heldout_loss.py RUN_DIR [RUN_DIR ...] --limit 100 --output FILE.jsonl
 """
@@ -16,7 +17,6 @@ import argparse
 import json
 import math
 import time
-from pathlib import Path
 
 import torch
 
@@ -44,7 +44,8 @@ def answer_losses(model_dir: str, split: str, limit: int, prefix_attention: str)
     mean_ex = sum(per_example) / n
     sd = math.sqrt(sum((x - mean_ex) ** 2 for x in per_example) / (n - 1)) if n > 1 else float("nan")
     return {"split": split, "n": n, "answer_tokens": sum(tokens), "answer_loss": mean_tok,
-            "answer_loss_per_example_mean": mean_ex, "se": sd / math.sqrt(n)}
+            "answer_loss_per_example_mean": mean_ex, "se": sd / math.sqrt(n),
+            "per_example": [round(x, 5) for x in per_example], "tokens": tokens}
 
 
 def main() -> None:
