@@ -71,7 +71,8 @@ def base_rows(eval_dir: Path, losses_file: Path) -> list[dict]:
     rows = []
     lines = [json.loads(x) for x in losses_file.read_text().splitlines()] if losses_file.is_file() else []
     for split in SPLITS:
-        ev = next(eval_dir.rglob(f"gsm_symbolic-{split}/summary.json"), None) if eval_dir.is_dir() else None
+        ev = next((f for f in (eval_dir / split / "summary.json", eval_dir / f"gsm_symbolic-{split}" / "summary.json")
+                   if f.is_file()), None)
         for prefix in ("causal", "bidirectional"):
             loss = next((r for r in lines if r["split"] == split and r["prefix_attention"] == prefix), None)
             e = json.loads(ev.read_text()) if ev is not None and prefix == "causal" else None
