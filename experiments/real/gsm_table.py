@@ -132,7 +132,7 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     methods = sorted({r["method"] for r in rows}, key=lambda m: ORDER.index(m) if m in ORDER else -1)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
     for ax, (metric, se, label) in zip(axes, [("accuracy", "accuracy_se", "exact match, % (± 1 binomial s.e.)"),
                                               ("answer_loss", "answer_loss_se", "held-out answer loss (± 1 s.e.)")]):
         for j, split in enumerate(SPLITS):
@@ -141,7 +141,7 @@ def plot(rows: list[dict], path: str) -> None:
                 for k, r in enumerate(pts):
                     ax.errorbar(i + (j - 0.5) * 0.3 + 0.05 * k, r[metric], yerr=r[se], fmt="os"[j], color=f"C{j}",
                                 mfc="none", capsize=3, label=split if (i == 0 and k == 0) else None)
-        ax.set_xticks(range(len(methods)), [m.replace(" (", "\n(") for m in methods], fontsize=8)
+        ax.set_xticks(range(len(methods)), [m.replace(" (", "\n(").replace(" prompt)", ")") for m in methods], fontsize=8)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
