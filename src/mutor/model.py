@@ -22,7 +22,6 @@ model exactly as transformers/peft would, plus a sidecar (``mutor.safetensors``,
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Any, Optional, Union
 
 import torch
@@ -33,8 +32,7 @@ from .attention import split_attention_for
 from .config import SIDECAR_CONFIG, MuToRConfig
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
 from .masks import build_attention_mask
-from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, objective_output, prepare_inputs,
-                      row_weights)
+from .wrapper import MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, objective_output, prepare_inputs
 
 __all__ = ["MuToRModel", "MuToROutput", "SIDECAR_WEIGHTS"]
 
@@ -64,7 +62,6 @@ class MuToRModel(TrainingWrapper):
                                 "inputs_embeds and position_ids with a custom attention mask, so it needs a model "
                                 "whose forward takes them (most transformers causal LMs do)")
         self.require_mask_support("MuToR's custom attention mask")
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
 
         emb = base.get_input_embeddings()
         self.register_embeddings = nn.Embedding(
@@ -146,8 +143,8 @@ class MuToRModel(TrainingWrapper):
                 loss = None
             else:
                 logits = None
-                loss, ce, hit = self._chunked_loss(run, keep, targets, is_reg, num_items_in_batch,
-                                                   num_registers_in_batch)
+                loss, ce, hit = self.chunked_loss(run, keep, targets, is_reg, cfg.loss_weight, num_items_in_batch,
+                                                  num_registers_in_batch)
         return objective_output(
             ce, is_reg, hit[is_reg], layout.reg_choice[layout.reg_valid], len(cfg.offset_choices()),
             cfg.loss_weight, num_items_in_batch, num_registers_in_batch, loss=loss,
@@ -171,22 +168,10 @@ class MuToRModel(TrainingWrapper):
         return split_attention_for(inner, layout.num_regular, mask) if split else contextlib.nullcontext()
 
     def _full_loss(self, run: dict, keep: torch.Tensor, targets: torch.Tensor):
-        """Logits through the model's own head, only at loss rows (a boolean ``logits_to_keep``)."""
-        if self._logits_to_keep:
-            run["logits_to_keep"] = keep
-        out = self.base_model(**run)
-        logits = out.logits if self._logits_to_keep else out.logits[keep]                 # (N, V)
+        """Logits through the model's own head, only at loss rows, and their cross-entropy and top-1 hits."""
+        logits = self.logits_at(run, keep)                                                # (N, V)
         ce = F.cross_entropy(logits.float(), targets, reduction="none")                   # (N,)
         with torch.no_grad():
             # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
             hit = logits.gather(1, targets[:, None]).squeeze(1) >= logits.amax(-1)        # (N,)
         return logits, ce, hit
-
-    def _chunked_loss(self, run: dict, keep, targets, is_reg, num_items_in_batch, num_registers_in_batch):
-        """Decoder hidden states at loss rows, then projection + cross-entropy in chunks (mutor.loss)."""
-        from .loss import head_cross_entropy
-
-        inner = inner_model(self.base_model)
-        hs = inner.get_decoder()(**run).last_hidden_state                                  # (B, L, C)
-        weights = row_weights(is_reg, self.mutor_config.loss_weight, num_items_in_batch, num_registers_in_batch)
-        return head_cross_entropy(inner, hs[keep], targets, weights, self.loss_chunk_size)

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import JsonConfig
 from .layout import IGNORE_INDEX
-from .wrapper import MuToROutput, TrainingWrapper, inner_model, objective_output, prepare_inputs, row_weights
+from .wrapper import MuToROutput, TrainingWrapper, objective_output, prepare_inputs
 
 NT_CONFIG = "next_token_config.json"
 
@@ -76,15 +77,9 @@ class NextTokenModel(TrainingWrapper):
         is_reg = torch.zeros_like(targets, dtype=torch.bool)
         run = dict(input_ids=input_ids, attention_mask=mask, position_ids=layout.position_ids, use_cache=False,
                    **kwargs)
-        inner, loss = inner_model(self.base_model), None
         if self.loss_chunk_size is None:
-            logits = self.base_model(**run, logits_to_keep=keep).logits                 # (N, V)
-            ce = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")   # (N,)
+            loss, ce = None, F.cross_entropy(self.logits_at(run, keep).float(), targets, reduction="none")   # (N,)
         else:
-            from .loss import head_cross_entropy
-
-            hs = inner.get_decoder()(**run).last_hidden_state                           # (B, T, C)
-            loss, ce, _ = head_cross_entropy(inner, hs[keep], targets, row_weights(is_reg, 0.0, num_items_in_batch),
-                                             self.loss_chunk_size)
+            loss, ce, _ = self.chunked_loss(run, keep, targets, is_reg, 0.0, num_items_in_batch, None)
         empty = targets[:0]
         return objective_output(ce, is_reg, empty.bool(), empty, 0, 0.0, num_items_in_batch, loss=loss)

@@ -230,6 +230,7 @@ class TrainingWrapper(nn.Module):
         check_loss_chunking(inner, loss_chunk_size, type(self).__name__)
         self.windows = attention_windows(inner.config)                 # raises for chunked / linear attention
         self.loss_chunk_size = loss_chunk_size
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(inner.forward).parameters
         self.base_model = base
 
     @property
@@ -266,6 +267,23 @@ class TrainingWrapper(nn.Module):
         layout = build_layout(labels, rule, attention_mask, position_ids, no_offsets)
         dtype = self.get_input_embeddings().weight.dtype
         return build_attention_mask(layout, self.attn_implementation, self.windows, dtype), layout
+
+    def logits_at(self, run: dict, keep: torch.Tensor) -> torch.Tensor:
+        """(N, V) logits through the model's own head at the loss rows ``keep`` (B, L): a boolean
+        ``logits_to_keep`` where the model takes one, else its full logits indexed."""
+        if not self._logits_to_keep:
+            return self.base_model(**run).logits[keep]
+        return self.base_model(**run, logits_to_keep=keep).logits
+
+    def chunked_loss(self, run: dict, keep, targets, is_reg, a: float, num_items_in_batch, num_registers_in_batch):
+        """Decoder hidden states at the loss rows, then projection + cross-entropy in chunks (mutor.loss);
+        returns ``(loss, ce, hit)``."""
+        from .loss import head_cross_entropy
+
+        inner = inner_model(self.base_model)
+        hs = inner.get_decoder()(**run).last_hidden_state                                  # (B, L, C)
+        weights = row_weights(is_reg, a, num_items_in_batch, num_registers_in_batch)
+        return head_cross_entropy(inner, hs[keep], targets, weights, self.loss_chunk_size)
 
     def num_added_parameters(self) -> int:
         """Parameters the method adds to the base model (registers, heads; none for next-token)."""
