@@ -32,7 +32,8 @@ from .attention import split_attention_for
 from .config import SIDECAR_CONFIG, MuToRConfig
 from .layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
 from .masks import build_attention_mask
-from .wrapper import MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, objective_output, prepare_inputs
+from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, master_dtype, objective_output,
+                      prepare_inputs)
 
 __all__ = ["MuToRModel", "MuToROutput", "SIDECAR_WEIGHTS"]
 
@@ -64,9 +65,11 @@ class MuToRModel(TrainingWrapper):
         self.require_mask_support("MuToR's custom attention mask")
 
         emb = base.get_input_embeddings()
+        # fp32 master weights under a bf16/fp16 base (as peft keeps LoRA adapters): AdamW's small steps survive;
+        # the vectors are cast to the token embeddings' dtype where they enter the model (_embed)
         self.register_embeddings = nn.Embedding(
             self.mutor_config.num_register_embeddings, emb.weight.shape[1], device=emb.weight.device,
-            dtype=emb.weight.dtype)
+            dtype=master_dtype(emb.weight.dtype))
         self._generator = None
         if self.mutor_config.seed is not None:
             self._generator = torch.Generator().manual_seed(self.mutor_config.seed)

@@ -22,6 +22,7 @@ Heads are training-only: ``save_pretrained`` writes the base model exactly as tr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -32,8 +33,8 @@ from torch import nn
 
 from .config import JsonConfig, MuToRConfig
 from .layout import IGNORE_INDEX, build_layout
-from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, objective_output, prepare_inputs,
-                      row_weights)
+from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, master_dtype, objective_output,
+                      prepare_inputs, row_weights)
 
 MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
@@ -94,7 +95,10 @@ class MultiTokenModel(TrainingWrapper):
         layers, _, _ = _parts(inner)
         if self.multi_token_config.prefix_attention == "bidirectional":
             self.require_mask_support("the bidirectional prefix mask")
-        self.heads = nn.ModuleList(copy.deepcopy(layers[-1]) for _ in range(self.multi_token_config.d_max - 1))
+        # fp32 master weights under a bf16/fp16 base (the heads train in full); _head_rows runs them under autocast
+        dtype = master_dtype(inner.get_input_embeddings().weight.dtype)
+        self.heads = nn.ModuleList(copy.deepcopy(layers[-1]).to(dtype)
+                                   for _ in range(self.multi_token_config.d_max - 1))
         for p in self.heads.parameters():
             p.requires_grad_(True)          # a peft-frozen last layer still gives fully trainable heads
 
@@ -197,10 +201,12 @@ class MultiTokenModel(TrainingWrapper):
         trunk = args[0] if args else kw.pop("hidden_states")                           # (B, T, C)
         rest = args[1:]
         rows, targets = [], []
+        half = trunk.dtype in (torch.bfloat16, torch.float16) and next(self.heads.parameters()).dtype != trunk.dtype
         for k, head in enumerate(self.heads, start=2):
             lay = head_target_layout(labels, k, attention_mask, position_ids)
-            h = head(trunk, *rest, **kw)
-            h = h[0] if isinstance(h, tuple) else h                                     # (B, T, C)
+            with torch.autocast(trunk.device.type, dtype=trunk.dtype) if half else contextlib.nullcontext():
+                h = head(trunk, *rest, **kw)                   # fp32 master weights, computed in the trunk's dtype
+            h = (h[0] if isinstance(h, tuple) else h).to(trunk.dtype)                   # (B, T, C)
             b = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(lay.reg_source)
             rows.append(h[b[lay.reg_valid], lay.reg_source[lay.reg_valid]])             # (n_k, C)
             targets.append(lay.reg_labels[lay.reg_valid])                               # (n_k,)

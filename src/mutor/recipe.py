@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from .clipping import GRAD_CLIP_MODES
 from .config import MuToRConfig
 from .errors import MutorUserError
 
@@ -201,6 +202,12 @@ class Recipe:
     prefix_attention: str = field(
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
                                             "every method (the paper's fine-tuning setting)."})
+    grad_clip: str = field(
+        default="separate", metadata={"help": "separate | joint: how training.max_grad_norm treats the method's own "
+                                              "parameters (register vector, Multi-Token heads). separate: they and "
+                                              "the model are clipped each on its own, so the model's update is "
+                                              "clipped exactly as without them; joint: Trainer's clipping of all "
+                                              "parameters together (the paper's official code). mutor.clipping"})
     model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "The model to train."})
     mutor: dict = field(default_factory=dict, metadata={"help": "MuToRConfig fields (method mutor)."})
     multi_token: dict = field(default_factory=dict, metadata={"help": "MultiTokenConfig fields (method "
@@ -226,7 +233,7 @@ class Recipe:
             check_fields(self.model, ModelArgs, "model")
             self.model = ModelArgs(**self.model)
         check_fields({k: getattr(self, k) for k in ("seed", "threads", "name", "loss_chunk_size",
-                                                    "prefix_attention")}, Recipe, "")
+                                                    "prefix_attention", "grad_clip")}, Recipe, "")
         if not isinstance(self.variants, dict):
             raise ValueError("recipe variants must be a mapping of name -> {method, mutor, multi_token}")
         for name, v in self.variants.items():
@@ -244,6 +251,8 @@ class Recipe:
             raise ValueError(f"recipe threads must be a positive integer or null (got {self.threads!r})")
         if self.prefix_attention not in ("causal", "bidirectional"):
             raise ValueError(f"recipe prefix_attention must be causal or bidirectional (got {self.prefix_attention!r})")
+        if self.grad_clip not in GRAD_CLIP_MODES:
+            raise ValueError(f"recipe grad_clip must be one of {list(GRAD_CLIP_MODES)} (got {self.grad_clip!r})")
         if not isinstance(self.data, dict) or "task" not in self.data:
             raise ValueError("recipe data needs a `task` (e.g. data: {task: gsm8k})")
         for blk in ("mutor", "multi_token", "training"):

@@ -234,7 +234,8 @@ def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bo
     packing = r.data.get("packing", task.packing)
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
-                           processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
+                           processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None,
+                           grad_clip=r.grad_clip)
     info = {"task": r.data["task"], **task.info}
     if r.model.rotary_2d:
         info["rotary_2d"] = rotary_grid(task)          # read back by image.rotary2d.apply_saved_rotary_2d

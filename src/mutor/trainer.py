@@ -13,7 +13,14 @@ It overrides only what it must:
   same update as one big batch.
 * ``compute_loss``: passes ``num_registers_in_batch`` and keeps ntp / auxiliary / per-offset
   losses and accuracies for the logs; for a plain model it is Trainer's own, untouched.
-* ``log``: adds those running means (token-weighted over the logging window).
+* ``_clip_grad_norm``: by default (``grad_clip="separate"``) the model's parameters and the wrapper's own
+  (register vector, Multi-Token heads) are clipped against ``max_grad_norm`` each on its own, so the
+  model gets exactly the update clipping would give it without mutor; ``grad_clip="joint"`` is Trainer's
+  clipping of all of them together (the official code's). See :mod:`mutor.clipping`.
+* ``log``: adds those running means (token-weighted over the logging window), the wrapper's own gradient
+  norm (``reg_grad_norm``, beside Trainer's ``grad_norm``, which is the model's own under ``separate``)
+  and the fraction of the window's steps whose update clipping scaled (``grad_clipped``,
+  ``reg_grad_clipped``).
 * ``_save`` / ``_load_from_checkpoint``: a checkpoint is the base model saved exactly as
   transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both.
   Under FSDP / DeepSpeed ZeRO-3 the live parameters are shards, so both parts are written from the
@@ -46,6 +53,7 @@ from typing import Any, Callable, Optional
 import torch
 from transformers import Trainer, TrainerCallback
 
+from .clipping import check_grad_clip, clip_group
 from .wrapper import TrainingWrapper
 
 __all__ = ["MuToRTrainer"]
@@ -101,11 +109,17 @@ class MuToRTrainer(Trainer):
     """``Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
 
     ``task_evaluator(model, step) -> dict`` (optional) computes held-out metrics with the plain
-    base model; everything else is ``transformers.Trainer``'s own arguments.
+    base model; ``grad_clip`` is ``"separate"`` (the model and the wrapper's own parameters each clipped
+    against ``max_grad_norm`` on its own) or ``"joint"`` (Trainer's clipping of everything together);
+    everything else is ``transformers.Trainer``'s own arguments.
     """
 
-    def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None, **kwargs: Any):
+    def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None,
+                 grad_clip: str = "separate", **kwargs: Any):
+        check_grad_clip(grad_clip)
         super().__init__(*args, **kwargs)
+        self.grad_clip = grad_clip
+        self._clip_window: dict[str, float] = defaultdict(float)
         self.task_evaluator = task_evaluator
         self._num_reg_in_batch: Optional[torch.Tensor] = None
         self._pending = None
@@ -136,6 +150,63 @@ class MuToRTrainer(Trainer):
             return dict(self.task_evaluator(model, step))
         finally:
             model.train(was)
+
+    # --------------------------------------------------------------- clipping
+    def _split_groups(self) -> Optional[tuple[list, list]]:
+        """(model parameters, the wrapper's own) when the wrapper has parameters of its own whose gradients can
+        be told apart from the model's (not under FSDP1 or DeepSpeed); else None (Trainer's own norm)."""
+        w = self.training_wrapper()
+        if w is None or self.is_deepspeed_enabled or (self.is_fsdp_enabled and not self.accelerator.is_fsdp2):
+            return None
+        groups = w.parameter_groups()
+        return groups if groups[1] else None
+
+    def train(self, *args: Any, **kwargs: Any):
+        w = self.training_wrapper()
+        if w is not None and w.parameter_groups()[1] and self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            check_grad_clip(self.grad_clip, fsdp1=self.is_fsdp_enabled and not self.accelerator.is_fsdp2,
+                            deepspeed=self.is_deepspeed_enabled)
+        return super().train(*args, **kwargs)
+
+    def _clip_grad_norm(self, model):
+        groups = self._split_groups()
+        if groups is None:
+            norm = super()._clip_grad_norm(model)
+            self._record_clip(norm, None)
+            return norm
+        return self._clip_groups(groups, self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None and (groups := self._split_groups()) is not None:     # max_grad_norm 0: norms only
+            grad_norm = self._clip_groups(groups, float("inf"))
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+    def _clip_groups(self, groups: tuple[list, list], max_norm: float) -> torch.Tensor:
+        """Clip as ``grad_clip`` says; returns what Trainer logs as ``grad_norm``: the model's own norm
+        (``separate``) or the joint norm (``joint``), before clipping."""
+        model_params, own = groups
+        self.accelerator.unscale_gradients()                     # fp16 loss scaling: once, before any norm
+        if self.grad_clip == "joint":
+            reg = clip_group(own, float("inf"))
+            norm = clip_group(model_params + own, max_norm)
+        else:
+            norm = clip_group(model_params, max_norm)
+            reg = clip_group(own, max_norm)
+        self._record_clip(norm, reg, max_norm)
+        return norm
+
+    def _record_clip(self, norm, reg, max_norm: Optional[float] = None) -> None:
+        """Count, for the logging window, the steps whose update clipping scaled (model, and wrapper's own)."""
+        if norm is None:
+            return
+        max_norm = self.args.max_grad_norm if max_norm is None else max_norm
+        c = self._clip_window
+        c["steps"] += 1
+        c["clipped"] += float(float(norm) > max_norm)
+        if reg is not None:
+            c["reg_norm"] = float(reg)
+            c["reg_steps"] += 1
+            c["reg_clipped"] += float(float(reg) > max_norm and self.grad_clip == "separate")
 
     # --------------------------------------------------------------- the loss
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -201,6 +272,14 @@ class MuToRTrainer(Trainer):
                         logs[f"reg_loss/{name}"] = round(l / n, 6)
                         logs[f"reg_accuracy/{name}"] = round(a / n, 6)
             self._sums = defaultdict(float)
+        c = self._clip_window
+        if "loss" in logs and c.get("steps"):
+            logs["grad_clipped"] = round(c["clipped"] / c["steps"], 6)
+            if c.get("reg_steps"):
+                logs["reg_grad_norm"] = round(c["reg_norm"], 6)
+                if self.grad_clip == "separate":
+                    logs["reg_grad_clipped"] = round(c["reg_clipped"] / c["reg_steps"], 6)
+            self._clip_window = defaultdict(float)
         super().log(logs, start_time)
 
     # ------------------------------------------------------------ checkpoints

@@ -36,7 +36,8 @@ from .io import replace_directory
 from .masks import attention_windows
 from .support import check_supported
 
-__all__ = ["MuToROutput", "TrainingWrapper", "inner_model", "labels_of", "objective_output", "row_weights"]
+__all__ = ["MuToROutput", "TrainingWrapper", "inner_model", "labels_of", "master_dtype", "objective_output",
+           "row_weights"]
 
 
 @dataclass
@@ -113,6 +114,12 @@ def objective_output(ce: torch.Tensor, is_reg: torch.Tensor, reg_hit: torch.Tens
 
 
 # ------------------------------------------------------------------ the base model
+def master_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a wrapper keeps its own trainable parameters in next to a base of ``dtype``: float32 under a
+    half-precision base (bf16/fp16 weights cannot hold AdamW's small steps), else the base's own."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 def inner_model(model: nn.Module) -> nn.Module:
     """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -284,6 +291,15 @@ class TrainingWrapper(nn.Module):
         hs = inner.get_decoder()(**run).last_hidden_state                                  # (B, L, C)
         weights = row_weights(is_reg, a, num_items_in_batch, num_registers_in_batch)
         return head_cross_entropy(inner, hs[keep], targets, weights, self.loss_chunk_size)
+
+    def parameter_groups(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(the model's trainable parameters, the wrapper's own): the two groups that gradient clipping keeps
+        apart by default (:mod:`mutor.clipping`)."""
+        model, own = [], []
+        for n, p in self.named_parameters():
+            if p.requires_grad:
+                (model if n.startswith("base_model.") else own).append(p)
+        return model, own
 
     def num_added_parameters(self) -> int:
         """Parameters the method adds to the base model (registers, heads; none for next-token)."""
