@@ -75,3 +75,19 @@ def test_worker_subprocess_case():
     for k in ("median_ms", "cpu_median_ms", "peak_mb", "saved_mb", "loss"):
         assert math.isfinite(res[k]), k
     assert res["median_ms"] > 0 and res["peak_mb"] > 0 and res["saved_mb"] > 0
+
+
+def test_precision_benchmark_runs_every_case_on_a_tiny_recipe(tmp_path):
+    """benchmarks/precision.py: every precision x method case trains a step and is recorded (no timing asserted);
+    the first losses of one method agree across precisions to bf16 rounding."""
+    from benchmarks import precision
+
+    out = tmp_path / "p.json"
+    precision.main(["--recipe", "tiny/gsm8k", "--steps", "1", "--warmup", "0", "--threads", "1",
+                    "--json-out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["precision"], r["method"]) for r in rows} == {(p, m) for p in precision.PRECISIONS
+                                                             for m in precision.METHODS}
+    for m in precision.METHODS:
+        losses = [r["first_loss"] for r in rows if r["method"] == m]
+        assert all(math.isfinite(x) for x in losses) and max(losses) - min(losses) < 0.05 * min(losses)

@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 
 COMMON = ["tiny/gsm8k", "method=mutor", "mutor.d_max=2", "mutor.min_offset=2", "training.max_steps=2",
           "training.save_strategy=no", "training.optim=sgd", "training.learning_rate=0.05", "training.report_to=[]",
-          "training.use_cpu=true", "training.logging_steps=1", "--quiet"]
+          "training.use_cpu=true", "training.logging_steps=1",
+          "training.max_grad_norm=0.05", "--quiet"]        # separate clipping binds for the model and the register
 
 
 @pytest.mark.slow
@@ -46,3 +47,5 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path):
     assert [h["step"] for h in ddp] == [h["step"] for h in one] == [1, 2]
     for x, y in zip(ddp, one):
         assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x, y)
+        assert x["grad_clipped"] == y["grad_clipped"] == 1.0 and x["reg_grad_clipped"] == 1.0
+        assert x["reg_grad_norm"] == pytest.approx(y["reg_grad_norm"], rel=1e-4)

@@ -110,13 +110,15 @@ def _train_logs(trainer) -> list[dict]:
 
 # --------------------------------------------------------------------------- plain SFTTrainer as the reference
 def test_loss_weight_zero_is_a_plain_sfttrainer_run(tmp_path):
-    """a=0: the same weights as trl.SFTTrainer after 3 steps, and the same loss and metrics on the way.
+    """a=0: the same weights as trl.SFTTrainer after 3 steps, and the same loss and metrics on the way, with
+    clipping binding at every step (mutor's default, separate clipping, leaves the model's own clipping as it is).
 
     SGD, because Adam's g/sqrt(v) turns float rounding in near-zero gradients into full-size steps."""
     runs = []
     for name in ("sft", "mutor"):
         base = tiny_causal_lm(V, seed=0)
-        kw = dict(args=_args(tmp_path / name, max_steps=3, optim="sgd", learning_rate=0.1, gradient_checkpointing=True),
+        kw = dict(args=_args(tmp_path / name, max_steps=3, optim="sgd", learning_rate=0.1, gradient_checkpointing=True,
+                             max_grad_norm=0.05),
                   train_dataset=dataset("prompt_completion"), processing_class=word_tokenizer())
         trainer = SFTTrainer(model=base, **kw) if name == "sft" else \
             MuToRSFTTrainer(model=base, mutor_config=MuToRConfig(d_max=3, loss_weight=0.0), **kw)
@@ -129,6 +131,23 @@ def test_loss_weight_zero_is_a_plain_sfttrainer_run(tmp_path):
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
             assert m[key] == pytest.approx(s[key], rel=1e-4, abs=1e-5), key
         assert m["ntp_loss"] == pytest.approx(s["loss"], rel=1e-4)
+        assert s["grad_norm"] > 0.05 and m["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["separate", "joint"])
+def test_clipping_modes_reach_sfttrainer(tmp_path, mode):
+    """grad_clip passes through MuToRSFTTrainer: the register's own gradient norm is logged beside grad_norm, and
+    under separate clipping grad_norm is the model's own (below the joint norm when the register has a gradient)."""
+    trainer = MuToRSFTTrainer(model=tiny_causal_lm(V, seed=0), mutor_config=MuToRConfig(d_max=2, min_offset=2,
+                                                                                         loss_weight=0.5),
+                              args=_args(tmp_path, max_steps=1, max_grad_norm=0.05), grad_clip=mode,
+                              train_dataset=dataset("prompt_completion"), processing_class=word_tokenizer())
+    trainer.train()
+    log = _train_logs(trainer)[0]
+    assert log["reg_grad_norm"] > 0 and log["grad_clipped"] == 1.0
+    assert ("reg_grad_clipped" in log) == (mode == "separate")
+    model_params, own = trainer.model.parameter_groups()
+    assert trainer.grad_clip == mode and len(own) == 1
 
 
 def test_token_metrics_are_those_of_the_regular_tokens(tmp_path):

