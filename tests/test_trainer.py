@@ -338,6 +338,8 @@ def _check_packed_batch(forward, model, ids, attention_mask, labels, pos, offset
     ({"model": {"presett": "x"}}, "unknown key"),
     ({"data": {"path": "x"}}, "needs a `task`"),
     ({"prefix_attention": "both"}, "causal or bidirectional"),
+    ({"grad_clip": "together"}, r"grad_clip must be one of \['separate', 'joint'\]"),
+    ({"model": {"dtype": "float8"}}, "model.dtype must be float32, bfloat16 or float16"),
 ])
 def test_recipe_errors_name_the_problem(bad, message):
     with pytest.raises(ValueError, match=message):
