@@ -189,6 +189,19 @@ def test_output_directory_is_refused_cleared_or_resumed_only_from_the_same_recip
     assert (other / "notes.txt").is_file()
 
 
+@pytest.mark.parametrize("state", ["missing", "empty", "unrelated"])
+def test_resume_with_nothing_to_resume_is_refused_and_writes_nothing(tmp_path, capsys, state):
+    run = tmp_path / "run"
+    if state != "missing":
+        run.mkdir()
+    if state == "unrelated":
+        (run / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in run.iterdir()) if run.is_dir() else None
+    _one_line_error(capsys, ["train", "star-graph", "method=next_token", *SG, "--output-dir", str(run), "--resume"],
+                    "nothing to resume in", str(run))
+    assert (sorted(p.name for p in run.iterdir()) if run.is_dir() else None) == before
+
+
 def test_resumed_run_reports_the_whole_runs_train_loss(tmp_path):
     """A run killed after its step-2 checkpoint and resumed reports the same train_loss as the uninterrupted run
     (Trainer's own value averages only the steps after the resume)."""

@@ -184,6 +184,14 @@ def test_two_process_fsdp_checkpoint_equals_one_process_and_resumes(kind, tmp_pa
     # (same ranks, same reduction order: measured bit-identical), with the same losses at steps 3 and 4
     _run(tmp_path / "resumed", kind, fsdp=True, resume=tmp_path / "fsdp" / "checkpoint-2")
     _assert_same(_files(tmp_path / "resumed", kind), _files(tmp_path / "fsdp", kind), 1e-7, 1e-6)
+    # separate clipping on FSDP2 shards: the same model and register/head norms as one process, clipping every step
+    sharded = json.loads((tmp_path / "fsdp" / "fsdp_info.json").read_text())["norms_by_step"]
+    single = json.loads((tmp_path / "one" / "fsdp_info.json").read_text())["norms_by_step"]
+    assert set(sharded) == set(single) == {"1", "2", "3", "4"}
+    for step in sharded:
+        assert sharded[step][2] == single[step][2] == 1.0, (step, sharded, single)
+        for x, y in zip(sharded[step][:2], single[step][:2]):
+            assert x == pytest.approx(y, rel=1e-4), (step, sharded, single)
     full = json.loads((tmp_path / "fsdp" / "fsdp_info.json").read_text())["loss_by_step"]
     resumed = json.loads((tmp_path / "resumed" / "fsdp_info.json").read_text())["loss_by_step"]
     assert set(resumed) == set(full) == {"1", "2", "3", "4"}      # steps 1-2 come from the checkpoint's state
@@ -250,6 +258,7 @@ def _worker(argv: list[str]) -> None:
     args = TrainingArguments(output_dir=a.out, max_steps=4, per_device_train_batch_size=a.batch, use_cpu=True,
                              save_strategy="steps", save_steps=2, optim="adamw_torch", learning_rate=1e-3,
                              lr_scheduler_type="linear", logging_steps=1, report_to=[], seed=0,
+                             max_grad_norm=0.05,            # separate clipping binds, on DTensor shards under FSDP2
                              remove_unused_columns=False, disable_tqdm=True, **fsdp)
     trainer = MuToRTrainer(model=model, args=args, train_dataset=_dataset())
     info: dict = {"is_fsdp2": bool(trainer.is_fsdp_enabled and trainer.accelerator.is_fsdp2)}
@@ -271,6 +280,8 @@ def _worker(argv: list[str]) -> None:
     trainer.train(resume_from_checkpoint=a.resume)
     trainer.save_model(a.out)
     info["loss_by_step"] = {str(h["step"]): h["loss"] for h in trainer.state.log_history if "loss" in h}
+    info["norms_by_step"] = {str(h["step"]): [h["grad_norm"], h["reg_grad_norm"], h["grad_clipped"]]
+                             for h in trainer.state.log_history if "loss" in h}
     if trainer.args.should_save:
         (Path(a.out) / "fsdp_info.json").write_text(json.dumps(info))
 

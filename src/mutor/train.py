@@ -79,6 +79,14 @@ def _is_mutor_run(root: Path) -> bool:
                                                           if d.is_dir())
 
 
+def _has_run(root: Path, methods: list[str]) -> bool:
+    """Whether ``root`` holds something ``--resume`` can continue: a mutor run's files or a Trainer checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    dirs = {root} | {_method_dir(root, methods, m) for m in methods}
+    return _is_mutor_run(root) or any(d.is_dir() and get_last_checkpoint(str(d)) for d in dirs)
+
+
 def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None:
     """Everything that can be checked before any method trains; raises :class:`MutorUserError` naming the problem."""
     methods = recipe.methods
@@ -102,6 +110,11 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None
                                  "recipe.yaml); remove it yourself or choose another output directory")
         shutil.rmtree(root)
     if resume:
+        if not root.is_dir() or not _has_run(root, methods):
+            what = "does not exist" if not root.exists() else "is empty" if not any(root.iterdir()) else \
+                "holds no mutor run (no recipe.yaml, summary.json or checkpoint of one)"
+            raise MutorUserError(f"--resume: nothing to resume in {str(root)!r}: it {what}; train without --resume "
+                                 "to start a new run")
         for m in methods:
             _check_resumable(recipe, m, _method_dir(root, methods, m))
 
