@@ -12,7 +12,14 @@ AdamW step, ``zero_grad``. Precisions:
 * ``bf16``: bf16 base weights (LoRA adapters and the method's own parameters stay float32:
   peft's ``autocast_adapter_dtype`` and :func:`mutor.wrapper.master_dtype`);
 * ``autocast``: float32 weights, computed under ``torch.autocast(bfloat16)`` (what ``training.bf16: true``
-  gives through Trainer).
+  gives through Trainer);
+* ``bf16+autocast``: bf16 base weights *and* autocast (``model.dtype: bfloat16`` with ``training.bf16:
+  true``): the float32 LoRA adapters then multiply in bf16 too, and the copy of each adapter's input that
+  peft casts to float32 is not what autograd keeps.
+
+Besides time, one extra forward records the MiB of activations autograd saves for backward (distinct
+storages other than the weights; ``benchmarks.step_time.saved_tensor_mb``): under bf16 weights with float32
+adapters, peft saves a float32 copy of every adapted layer's input next to the bf16 one.
 
 Every case builds its model afresh in this process (same seed), runs ``--warmup`` untimed steps, then
 ``--steps`` timed ones; the median is reported, and its ratio to the fp32 next-token step. Cases run in
@@ -31,7 +38,7 @@ from typing import Optional
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "autocast")
+PRECISIONS = ("fp32", "bf16", "autocast", "bf16+autocast")
 METHODS = ("next_token", "mutor", "multi_token")
 
 
@@ -57,14 +64,14 @@ def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, ste
     from mutor.clipping import clip_group
 
     r = r.for_method(method)
-    r.model.dtype = "bfloat16" if precision == "bf16" else "float32"
+    r.model.dtype = "bfloat16" if precision.startswith("bf16") else "float32"
     torch.manual_seed(r.seed)
     base = apply_lora(build_base_model(r, task, tok), r.lora)
     model = wrap_for_method(base, r, method, task).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
     groups = model.parameter_groups() if hasattr(model, "parameter_groups") else (params, [])
-    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "autocast" else contextlib.nullcontext
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if "autocast" in precision else contextlib.nullcontext
     times, losses = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -78,8 +85,15 @@ def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, ste
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         losses.append(float(out.loss))
+    from benchmarks.step_time import saved_tensor_mb
+
+    def forward(backward=False):
+        with ctx():
+            return model(**batch).loss
+
+    saved = saved_tensor_mb(forward, list(model.parameters()))
     return {"method": method, "precision": precision, "seconds": times, "median_s": statistics.median(times),
-            "first_loss": losses[0]}
+            "first_loss": losses[0], "saved_mb": round(saved, 1)}
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -109,12 +123,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     for (pr, m), rs in results.items():
         secs = [s for x in rs for s in x["seconds"]]
         rows.append({"precision": pr, "method": m, "median_s": statistics.median(secs), "seconds": secs,
-                     "first_loss": rs[0]["first_loss"]})
+                     "first_loss": rs[0]["first_loss"], "saved_mb": rs[0]["saved_mb"]})
     ref = next((x["median_s"] for x in rows if x["precision"] == "fp32" and x["method"] == "next_token"), None)
-    print("\n| precision | method | s / step | vs fp32 next-token | first loss |\n|---|---|---:|---:|---:|")
+    print("\n| precision | method | s / step | vs fp32 next-token | saved activations MiB | first loss |\n"
+          "|---|---|---:|---:|---:|---:|")
     for x in rows:
         rel = f"{x['median_s'] / ref:.2f}x" if ref else "-"
-        print(f"| {x['precision']} | {x['method']} | {x['median_s']:.2f} | {rel} | {x['first_loss']:.4f} |")
+        print(f"| {x['precision']} | {x['method']} | {x['median_s']:.2f} | {rel} | {x['saved_mb']:.0f} | "
+              f"{x['first_loss']:.4f} |")
     if a.json_out:
         info = {"recipe": a.recipe, "overrides": a.set, "threads": torch.get_num_threads(), "warmup": a.warmup,
                 "steps": a.steps, "rounds": a.rounds, "batch_shape": list(batch["input_ids"].shape),

@@ -95,6 +95,17 @@ def _tiny_model_dir(path: Path) -> Path:
     return path
 
 
+def test_jsonl_row_without_the_answer_names_file_row_and_field(tmp_path, capsys):
+    """A row lacking the template's field used to be trained with the text "None" as its answer."""
+    rows = [json.loads(x) for x in (DATA / "gsm8k_tiny.jsonl").read_text().splitlines()][:6]
+    del rows[3]["answer"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _one_line_error(capsys, ["train", "tiny/gsm8k", f"data.path={bad}", "--quiet", "--output-dir",
+                             str(tmp_path / "run")], str(bad), "row 3", "'answer'")
+    assert not (tmp_path / "run").exists()
+
+
 def test_truncated_weights_name_the_file(tmp_path, capsys):
     model = _tiny_model_dir(tmp_path / "m")
     f = model / "model.safetensors"

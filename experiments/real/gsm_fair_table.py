@@ -93,9 +93,14 @@ def table(rows: list[dict]) -> str:
     for k in keys:
         by = {r["split"]: r for r in rows if (r["method"], r["seed"], r["precision"], r["clip"]) == k}
         t, nt = by.get("test", {}), by.get("test_new_templates", {})
-        acc = lambda r: ("-" if not r or r.get("accuracy") is None else f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}"  # noqa: E731
-                         if r["accuracy"] else f"0 (< {300 / r['n']:.0f} at 95%)")
-        los = lambda r: f"{r['answer_loss']:.4f} ± {r['answer_loss_se']:.4f}" if r.get("answer_loss") else "-"  # noqa: E731
+        def acc(r):
+            if not r or r.get("accuracy") is None:
+                return "-"
+            return f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}" if r["accuracy"] else f"0 (< {300 / r['n']:.0f} at 95%)"
+
+        def los(r):
+            return f"{r['answer_loss']:.4f} ± {r['answer_loss_se']:.4f}" if r.get("answer_loss") else "-"
+
         a = t or nt
         clip = "-" if "clipped_fraction" not in a else f"{a['clipped_fraction']:.2f}" + (
             f" / {a['reg_clipped_fraction']:.2f}" if a.get("reg_clipped_fraction") is not None else "")

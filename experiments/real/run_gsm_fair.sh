@@ -9,11 +9,16 @@
 #     CLIP:      separate (default: the model's gradient and mutor's own are clipped each on its own) | joint
 # Every step is logged (grad_norm, reg_grad_norm, losses): the clipped fraction and the loss curves come
 # from summary.json's train_history. Evaluation is in float32 for every run, as before (run_gsm.sh).
+# PHASE=train | eval | all (default) runs only that part; THREADS (default 1) sets the training threads.
+# A MuToR run of this size peaks near 16 GB resident (bf16 weights: peft keeps a float32 copy of every
+# adapted layer's input for the adapters): beside another training run it can exceed a 24 GB machine,
+# so train such runs one at a time and let evaluations (a few GB) run beside them.
 set -eu
-M=$1; S=$2; P=$3; C=${4:-separate}; OUT=${5:-runs/gsm-fair}; STEPS=${STEPS:-100}
+M=$1; S=$2; P=$3; C=${4:-separate}; OUT=${5:-runs/gsm-fair}; STEPS=${STEPS:-100}; PHASE=${PHASE:-all}
+T=${THREADS:-1}
 D=$OUT/${M}_s${S}_${P}_${C}
 mkdir -p "$OUT"
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=$T
 case $P in
   bf16) PREC="model.dtype=bfloat16" ;;
   fp32) PREC="model.dtype=float32" ;;
@@ -22,13 +27,15 @@ case $P in
 esac
 CLIPARG=""
 if [ "$M" != next_token ]; then CLIPARG="grad_clip=$C"; fi
-if [ ! -f "$D/summary.json" ]; then
+if [ "$PHASE" != eval ] && [ ! -f "$D/summary.json" ]; then
   RESUME=""; [ -d "$D" ] && RESUME="--resume"
   /usr/bin/time -v -o "$OUT/time_${M}_s${S}_${P}_${C}.txt" mutor train real/smollm2-135m-gsm-symbolic "method=[$M]" \
-    seed=$S threads=1 $PREC $CLIPARG training.max_steps=$STEPS data.num_train=$((STEPS * 8)) \
+    seed=$S threads=$T $PREC $CLIPARG training.max_steps=$STEPS data.num_train=$((STEPS * 8)) \
     training.eval_steps=$STEPS training.save_steps=$((STEPS / 4)) training.logging_steps=1 training.report_to=[] \
     training.output_dir="$D" $RESUME
 fi
+[ "$PHASE" = train ] && exit 0
+export OMP_NUM_THREADS=1
 [ -f "$D/eval_done" ] || { mutor eval --task gsm_symbolic --model "$D" --limit 100 --max-new-tokens 256 --batch-size 16 \
   && touch "$D/eval_done"; }
 [ -f "$D/loss_done" ] || { python experiments/real/heldout_loss.py "$D" --limit 100 --output "$OUT/losses.jsonl" \

@@ -137,6 +137,26 @@ def _missing_columns(template: TextTemplate, rows) -> list[str]:
     return sorted(wanted - have)
 
 
+def _check_no_empty_fields(template: TextTemplate, rows, path, what: str) -> None:
+    """A row whose template field is missing (``None`` once ``datasets`` merges the rows' keys) would be trained
+    as the text "None": refuse it, naming the file, the row and the field."""
+    import string
+
+    from ..errors import MutorUserError
+
+    formats = (template.prompt, template.completion)
+    fields = {f for fmt in formats for _, f, _, _ in string.Formatter().parse(fmt) if f}
+    wanted = sorted(fields & set(rows.column_names))
+    for field in wanted:
+        empty = [i for i, v in enumerate(rows[field]) if v is None]
+        if empty:
+            where = f"data.{'eval_path' if what == 'evaluation' else 'path'} {path!r}" if path else \
+                f"the {what} data"
+            raise MutorUserError(f"{where}: row {empty[0]} (0-based, in file order) has no {field!r}, which task "
+                                 f"{template.name!r} uses" + (f" ({len(empty)} rows in all)" if len(empty) > 1 else
+                                                              "") + "; fill it in or remove the row")
+
+
 def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: int) -> TrainingData:
     """Training (and optional evaluation) data of a prompt/completion task rendered by ``template``."""
     _check_options(options, _COMMON, template.name)
@@ -163,6 +183,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     if missing:
         raise ValueError(f"task {template.name!r}: the training data lacks column(s) {missing} that the template "
                          f"uses; it has {rows.column_names}")
+    _check_no_empty_fields(template, rows, options.get("path"), "training")
     train, n, dropped = _finish(rows, tokenizer, render, max_length, options.get("limit"), options.get("num_proc"))
     if len(train) == 0:
         raise ValueError(f"task {template.name!r}: all {n} training examples are longer than "
@@ -171,8 +192,10 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length, "loaded": n}
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
-        eval_ds, _, d_e = _finish(rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation"),
-                                  tokenizer, render, max_length, options.get("eval_limit"), options.get("num_proc"))
+        eval_rows = rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation")
+        _check_no_empty_fields(template, eval_rows, options.get("eval_path"), "evaluation")
+        eval_ds, _, d_e = _finish(eval_rows, tokenizer, render, max_length, options.get("eval_limit"),
+                                  options.get("num_proc"))
         info.update(eval_examples=len(eval_ds), eval_dropped_too_long=d_e)
     return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=pad_id_of(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
