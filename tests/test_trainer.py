@@ -159,6 +159,35 @@ RECIPE = {
 }
 
 
+@pytest.mark.parametrize("seed", [None, 3], ids=["global-rng", "private-generator"])
+def test_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tmp_path, seed):
+    """The same weights give the same eval_loss at every evaluate() (offsets from a generator seeded each time),
+    evaluating does not move the RNG that training draws its offsets from, and eval_ntp_loss / eval_reg_loss
+    (token-weighted) are reported beside eval_loss."""
+    data = [{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples()]
+    model = MuToRModel(tiny_causal_lm(259, seed=0), MuToRConfig(d_max=4, loss_weight=0.3, seed=seed))
+    trainer = MuToRTrainer(model=model, args=_args(tmp_path, per_device_eval_batch_size=4), train_dataset=data,
+                           eval_dataset=data, data_collator=PaddingCollator())
+    torch.manual_seed(123)
+    before = (torch.random.get_rng_state(), model.rng_state())
+    first, second = trainer.evaluate(), trainer.evaluate()
+    assert torch.equal(torch.random.get_rng_state(), before[0])
+    assert (before[1] is None and model.rng_state() is None) or torch.equal(model.rng_state(), before[1])
+    for key in ("eval_loss", "eval_ntp_loss", "eval_reg_loss"):
+        assert first[key] == second[key], key
+    assert first["eval_loss"] == pytest.approx(0.7 * first["eval_ntp_loss"] + 0.3 * first["eval_reg_loss"], rel=0.05)
+
+
+def test_summary_eval_history_holds_every_evaluation(tmp_path):
+    out = tmp_path / "run"
+    run_recipe(dict(RECIPE, data={**RECIPE["data"], "eval_path": str(FIXTURE), "eval_limit": 8},
+                    training={**RECIPE["training"], "output_dir": str(out), "eval_strategy": "steps",
+                              "eval_steps": 3, "save_strategy": "no"}), quiet=True)
+    hist = json.loads((out / "summary.json").read_text())["eval_history"]
+    assert [h["eval_step"] for h in hist] == [3, 6]
+    assert all({"eval_loss", "eval_ntp_loss", "eval_reg_loss"} <= set(h) for h in hist)
+
+
 def _final_weights(run_dir: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -46,7 +46,7 @@ from .eval.compare import print_comparison, write_comparison
 from .io import write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
-__all__ = ["run_recipe", "train_method", "build_task"]
+__all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
 
 
 # ------------------------------------------------------------------- running
@@ -205,12 +205,27 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
         "train_metrics": {**result.metrics, "train_loss": train_loss}, "wall_seconds": wall, "resumed_from": last,
         "parameters": parameters, "precision": precision, "clipping": _clipping_summary(r, trainer), "data": task.info,
         "primary_metric": task.primary_metric, "primary_higher_is_better": task.primary_higher_is_better,
-        "eval_history": [h for h in trainer.state.log_history if "eval_step" in h],
+        "eval_history": eval_history(trainer.state.log_history),
         "train_history": [h for h in trainer.state.log_history if "loss" in h and "eval_step" not in h],
         "finished": True,
     }
     write_json_atomic(output_dir / "summary.json", summary)
     return summary
+
+
+def eval_history(log_history: list[dict]) -> list[dict]:
+    """Every evaluation that ran, one entry per step: the task evaluator's metrics and Trainer's own evaluation
+    (``eval_loss``, ``eval_ntp_loss``, ``eval_reg_loss``) of the same step merged, under ``eval_step``."""
+    by_step: dict[int, dict] = {}
+    # Trainer's evaluations first, then the task evaluator's: a name both report (the star-graph evaluator's
+    # eval_ntp_loss is its own held-out answer loss) keeps the task evaluator's value
+    for task in (False, True):
+        for h in log_history:
+            if ("eval_step" in h) == task and ("eval_step" in h or "eval_loss" in h):
+                step = h.get("eval_step", h.get("step"))
+                by_step.setdefault(step, {}).update({k: v for k, v in h.items() if k.startswith("eval_")})
+                by_step[step]["eval_step"] = step
+    return [by_step[k] for k in sorted(by_step)]
 
 
 def _resolve_precision(r: Recipe, output_dir: Path, say) -> dict:

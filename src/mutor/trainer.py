@@ -151,6 +151,40 @@ class MuToRTrainer(Trainer):
         finally:
             model.train(was)
 
+    # ------------------------------------------------------------- evaluation
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):
+        """Trainer's evaluation with the same offsets at every call: MuToR draws them from a generator seeded with
+        ``args.seed`` (the global RNG forked, a private generator saved and restored), so the same weights give the
+        same ``eval_loss`` and evaluating does not move the training RNG. Adds ``eval_ntp_loss`` and
+        ``eval_reg_loss`` (token-weighted over the evaluation set) beside ``eval_loss``."""
+        w = self.training_wrapper()
+        args = (dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        if w is None:
+            return super().evaluation_loop(*args)
+        self._eval_sums = defaultdict(float)
+        private = w.rng_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.args.seed)
+            if private is not None:
+                w.set_rng_state(torch.Generator().manual_seed(self.args.seed).get_state())
+            try:
+                output = super().evaluation_loop(*args)
+            finally:
+                if private is not None:
+                    w.set_rng_state(private)
+        s, self._eval_sums = self._eval_sums, None
+        sums = torch.tensor([s["ntp_sum"], s["ntp_n"], s["reg_sum"], s["reg_n"]], dtype=torch.float64,
+                            device=self.args.device)
+        if self.args.world_size > 1:
+            sums = self.accelerator.gather(sums[None]).sum(0)                  # every rank's share of the set
+        ntp_sum, ntp_n, reg_sum, reg_n = sums.tolist()
+        if ntp_n:
+            output.metrics[f"{metric_key_prefix}_ntp_loss"] = ntp_sum / ntp_n
+        if reg_n:
+            output.metrics[f"{metric_key_prefix}_reg_loss"] = reg_sum / reg_n
+        return output
+
     # --------------------------------------------------------------- clipping
     def _split_groups(self) -> Optional[tuple[list, list]]:
         """(model parameters, the wrapper's own) when the wrapper has parameters of its own whose gradients can
@@ -241,6 +275,13 @@ class MuToRTrainer(Trainer):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
             self._accumulate(outputs)
+        elif getattr(self, "_eval_sums", None) is not None:
+            e = self._eval_sums
+            e["ntp_sum"] += float(outputs.ntp_loss_sum)
+            e["ntp_n"] += float(outputs.num_ntp_tokens or 0)
+            if outputs.num_registers:
+                e["reg_sum"] += float(outputs.reg_loss_sum)
+                e["reg_n"] += float(outputs.num_registers)
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()

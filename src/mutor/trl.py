@@ -106,10 +106,7 @@ class _WrapperLoss:
             local = inputs["attention_mask"].sum() if "attention_mask" in inputs else \
                 torch.tensor(ids.numel(), device=ids.device)
             self._total_train_tokens += int(gather(local).sum()) // self._tp_size
-        else:                    # training logs these through MuToRTrainer's token-weighted sums
-            metrics["ntp_loss"].append(float(out.ntp_loss))
-            if out.reg_loss is not None and out.num_registers:
-                metrics["reg_loss"].append(float(out.reg_loss))
+        # ntp_loss / reg_loss: MuToRTrainer's token-weighted sums, in training logs and evaluation metrics alike
         metrics["num_tokens"] = [self._total_train_tokens]
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
