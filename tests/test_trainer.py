@@ -178,6 +178,28 @@ def test_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tmp_path, se
     assert first["eval_loss"] == pytest.approx(0.7 * first["eval_ntp_loss"] + 0.3 * first["eval_reg_loss"], rel=0.05)
 
 
+def test_total_flos_counts_the_positions_each_method_runs(tmp_path):
+    """total_flos is Trainer's 6 x positions x parameters over what each wrapper runs: next-token's equals a plain
+    Trainer run's, MuToR adds its registers, Multi-Token its heads (it was 0 for every wrapper)."""
+    from mutor.next_token import NextTokenConfig
+
+    data = _examples()
+    flos = {}
+    for name in ("plain", "next_token", "mutor", "multi_token"):
+        base = tiny_causal_lm(259, seed=0)
+        model = {"plain": base, "next_token": NextTokenModel(base, NextTokenConfig()),
+                 "mutor": MuToRModel(base, MuToRConfig(d_max=3)), "multi_token": MultiTokenModel(base)}[name]
+        trainer = MuToRTrainer(model=model, args=_args(tmp_path / name), train_dataset=data,
+                               data_collator=_WithOffsets())
+        trainer.train()
+        flos[name] = trainer.state.total_flos
+    params = tiny_causal_lm(259, seed=0).num_parameters(exclude_embeddings=True)
+    assert flos["plain"] > 0 and flos["next_token"] == flos["plain"]
+    extra = flos["mutor"] - flos["plain"]
+    assert extra > 0 and extra % (6 * params) == 0          # a whole number of register positions
+    assert flos["multi_token"] > flos["plain"]
+
+
 def test_summary_eval_history_holds_every_evaluation(tmp_path):
     out = tmp_path / "run"
     run_recipe(dict(RECIPE, data={**RECIPE["data"], "eval_path": str(FIXTURE), "eval_limit": 8},

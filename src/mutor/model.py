@@ -99,6 +99,11 @@ class MuToRModel(TrainingWrapper):
     def offset_names(self) -> list[str]:
         return self.mutor_config.offset_names()
 
+    def extra_position_params(self, inputs: dict, params: int) -> int:
+        """Each register runs through the whole model: registers x ``params``, for a batch whose offsets the
+        trainer has drawn (none counted otherwise: counting must not draw from any RNG)."""
+        return (self.count_reg_targets(inputs) if "offset_index" in inputs else 0) * params
+
     def rng_state(self) -> Optional[torch.Tensor]:
         """State of the private offset generator (None when the global RNG is used)."""
         return None if self._generator is None else self._generator.get_state()

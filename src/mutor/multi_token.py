@@ -112,6 +112,11 @@ class MultiTokenModel(TrainingWrapper):
     def offset_names(self) -> list[str]:
         return [f"d={k}" for k in range(2, self.multi_token_config.d_max + 1)]
 
+    def extra_position_params(self, inputs: dict, params: int) -> int:
+        """Every head runs over every regular position (the shared output layer is not counted, as transformers
+        leaves the embeddings out)."""
+        return int(inputs["input_ids"].numel()) * self.num_added_parameters()
+
     # ----------------------------------------------------------------- forward
     def _project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + output layer (+ final soft-capping) of the base model, for (N, C) rows."""

@@ -151,6 +151,12 @@ class MuToRTrainer(Trainer):
         finally:
             model.train(was)
 
+    def floating_point_ops(self, inputs: dict) -> int:
+        """``total_flos``: the wrapper's estimate, registers and heads included (Trainer would report 0: a wrapper
+        is not a PreTrainedModel)."""
+        w = self.training_wrapper()
+        return super().floating_point_ops(inputs) if w is None else w.floating_point_ops(inputs)
+
     # ------------------------------------------------------------- evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix: str = "eval"):

@@ -301,6 +301,18 @@ class TrainingWrapper(nn.Module):
                 (model if n.startswith("base_model.") else own).append(p)
         return model, own
 
+    def floating_point_ops(self, inputs: dict) -> int:
+        """Trainer's FLOPs estimate for one forward + backward (6 x positions x non-embedding parameters, as
+        transformers counts a plain model) for what this wrapper runs: the regular tokens through the model, plus
+        :meth:`extra_position_params` (MuToR's registers through the model, the Multi-Token heads over every
+        regular position)."""
+        params = inner_model(self.base_model).num_parameters(exclude_embeddings=True)
+        return 6 * (int(inputs["input_ids"].numel()) * params + self.extra_position_params(inputs, params))
+
+    def extra_position_params(self, inputs: dict, params: int) -> int:
+        """Sum over the extra work of positions x parameters (``params``: the model's); 0 by default."""
+        return 0
+
     def num_added_parameters(self) -> int:
         """Parameters the method adds to the base model (registers, heads; none for next-token)."""
         return sum(p.numel() for n, p in self.named_parameters() if not n.startswith("base_model."))
