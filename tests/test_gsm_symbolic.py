@@ -153,5 +153,8 @@ def test_checkpoint_selection_on_validation_reports_both_test_splits(tmp_path):
     assert other["n"] == 3
     saved = json.loads((tmp_path / "eval" / "gsm_symbolic" / "summary.json").read_text())
     assert saved["other_splits"]["test_new_templates"]["n"] == 3
+    # every split inside the output directory (nothing beside it), as with --model
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["gsm_symbolic"]
+    assert (tmp_path / "eval" / "gsm_symbolic" / "test_new_templates" / "summary.json").is_file()
     table = comparison_table(collect_summaries([str(tmp_path / "eval")]))
     assert "gsm_symbolic accuracy" in table and "gsm_symbolic:test_new_templates accuracy" in table

@@ -291,10 +291,10 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
     result.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
     write_json_atomic(out / "summary.json", result)
     write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
-    for split in benchmark.test_splits[1:]:       # the same selected checkpoint on the task's other test splits
-        other_out = out.parent / f"{out.name}-{split}"
+    for split in benchmark.test_splits[1:]:       # the same selected checkpoint on the task's other test splits,
+        other_out = out / split                   # inside the output directory as `--model` writes its splits
         other = evaluate_model(task_name, str(best), split=split, data=None,
-                               output_dir=str(other_out / best.name / split), **kw)
+                               output_dir=str(out / best.name / split), **kw)
         other = {**other, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
                  "selection": protocol, "selection_split": select_split}
         other.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
