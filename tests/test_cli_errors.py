@@ -106,6 +106,12 @@ def test_jsonl_row_without_the_answer_names_file_row_and_field(tmp_path, capsys)
     assert not (tmp_path / "run").exists()
 
 
+def test_eval_on_a_directory_without_a_model_says_so(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    _one_line_error(capsys, ["eval", "--task", "gsm8k", "--model", str(tmp_path), "--limit", "1", "--quiet"],
+                    "holds no model", "config.json")
+
+
 def test_truncated_weights_name_the_file(tmp_path, capsys):
     model = _tiny_model_dir(tmp_path / "m")
     f = model / "model.safetensors"

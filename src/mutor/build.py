@@ -40,7 +40,8 @@ def build_tokenizer(recipe: Recipe):
     from transformers import AutoTokenizer
 
     tok = from_pretrained(AutoTokenizer.from_pretrained, name,
-                          "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer")
+                          "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer",
+                          is_model=False)
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token             # right padding is masked anyway
     return tok

@@ -80,14 +80,21 @@ def _unreadable_file(path: Path) -> str:
     return ""
 
 
-def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", **kwargs: Any) -> Any:
-    """``load(name, **kwargs)`` (a ``from_pretrained``) with one-line :class:`MutorUserError` failures."""
+def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", *, is_model: bool = True,
+                    **kwargs: Any) -> Any:
+    """``load(name, **kwargs)`` (a ``from_pretrained``) with one-line :class:`MutorUserError` failures.
+    ``is_model``: a local directory must hold a model (config.json or a peft adapter), not only a tokenizer."""
     name = str(name)
     local = Path(name).expanduser()
     if not local.exists():
         if name.startswith((".", "/", "~")) or name.count("/") > 1:
             raise MutorUserError(f"{what} {name!r}: no such directory")
         kwargs = {**hub_probe(name, what), **kwargs}
+    elif is_model and local.is_dir() and not kwargs.get("gguf_file") \
+            and not any((local / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise MutorUserError(f"{what} {name!r}: this directory holds no model (no config.json or "
+                             "adapter_config.json); give a run's directory, one of its checkpoint-N, or a "
+                             "transformers model directory")
     from safetensors import SafetensorError
 
     try:

@@ -216,7 +216,8 @@ def _convert(src_dir: str, gguf_file: str, out: Path, source: dict) -> None:
 
     from .errors import from_pretrained
 
-    tok = from_pretrained(AutoTokenizer.from_pretrained, src_dir, "model.gguf_file's tokenizer", gguf_file=gguf_file)
+    tok = from_pretrained(AutoTokenizer.from_pretrained, src_dir, "model.gguf_file's tokenizer", is_model=False,
+                          gguf_file=gguf_file)
     loaded = from_pretrained(AutoModelForCausalLM.from_pretrained, src_dir, "model.gguf_file", gguf_file=gguf_file,
                              dtype=torch.float32)
     config = loaded.config

@@ -105,7 +105,7 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
         model = model.to(resolve_device(device)).eval()
     else:
         model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
-    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(p), "tokenizer")
+    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(p), "tokenizer", is_model=False)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
@@ -222,7 +222,8 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
                          "mutor_config.json")
     kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
     drafter = MuToRModel.from_pretrained(model_path, **kw).to(resolve_device(device)).eval()
-    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(model_path), "tokenizer")
+    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(model_path), "tokenizer",
+                          is_model=False)
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
     total, seconds = DraftStats(), 0.0
 
