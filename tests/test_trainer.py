@@ -390,11 +390,34 @@ def _check_packed_batch(forward, model, ids, attention_mask, labels, pos, offset
     ({"data": {"path": "x"}}, "needs a `task`"),
     ({"prefix_attention": "both"}, "causal or bidirectional"),
     ({"grad_clip": "together"}, r"grad_clip must be one of \['separate', 'joint'\]"),
+    ({"method": "mutr"}, "did you mean 'mutor'"),
+    ({"mutor": {"dmax": 3}}, "did you mean 'd_max'"),
+    ({"multi_token": {"d_mx": 2}}, "did you mean 'd_max'"),
+    ({"model": {"preset": None}}, "set name_or_path .* or preset"),
     ({"model": {"dtype": "float8"}}, "model.dtype must be float32, bfloat16 or float16"),
 ])
 def test_recipe_errors_name_the_problem(bad, message):
     with pytest.raises(ValueError, match=message):
         load_recipe({**RECIPE, **bad})
+
+
+def test_a_preset_recipe_switches_to_a_real_model_by_override(tmp_path):
+    """model.preset=null with model.name_or_path: the preset recipe trains the given model."""
+    model_dir = tmp_path / "model"
+    tiny_causal_lm(259, seed=1).save_pretrained(model_dir)
+    r = load_recipe(RECIPE, ["model.preset=null", f"model.name_or_path={model_dir}"])
+    assert r.model.preset is None and r.model.name_or_path == str(model_dir)
+
+
+def test_shipped_launch_configs_are_listed_apart_from_recipes():
+    from mutor.recipe import find_recipe
+
+    with pytest.raises(FileNotFoundError, match="is an accelerate launch config, not a recipe"):
+        find_recipe("accelerate/ddp-8gpu")
+    with pytest.raises(FileNotFoundError) as err:
+        find_recipe("no-such-recipe")
+    recipes, launch = str(err.value).split("accelerate launch configs")
+    assert "tiny/gsm8k" in recipes and "accelerate/" not in recipes and "accelerate/ddp-8gpu" in launch
 
 
 def test_unknown_training_field_and_task_option(tmp_path):

@@ -123,17 +123,28 @@ def _matches(value, tp) -> bool:
     return True                       # a nested config class and the like: its own constructor checks it
 
 
+def did_you_mean(unknown: list[str], known: list[str]) -> str:
+    """``'x': did you mean 'y'?`` for each of ``unknown`` close to one of ``known`` ('' when none is)."""
+    import difflib
+
+    close = {k: difflib.get_close_matches(str(k), [str(x) for x in known], n=1) for k in unknown}
+    return "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
+
+
+def unknown_keys(values: dict, known: list[str], block: str, owner: str = "") -> None:
+    """A one-line error for keys of ``values`` not in ``known``, with the closest known key of each."""
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        hint = did_you_mean(unknown, known)
+        listed = f"known: {sorted(known)}" if len(known) <= 20 else f"see the fields of {owner}"
+        raise MutorUserError(f"recipe{' ' + block if block else ''}: unknown key(s) {unknown} "
+                             f"({hint + '; ' if hint else ''}{listed})")
+
+
 def check_fields(values: dict, cls: type, block: str) -> None:
     """Unknown keys and values of the wrong type in ``values`` (fields of dataclass ``cls``), by name."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        import difflib
-
-        close = {k: difflib.get_close_matches(k, list(fields), n=1) for k in unknown}
-        hint = "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
-        known = f"known: {sorted(fields)}" if len(fields) <= 20 else f"see the fields of {cls.__module__}.{cls.__name__}"
-        raise MutorUserError(f"recipe {block}: unknown key(s) {unknown} ({hint + '; ' if hint else ''}{known})")
+    unknown_keys(values, list(fields), block, f"{cls.__module__}.{cls.__name__}")
     try:
         hints = typing.get_type_hints(cls)
     except Exception:                  # an annotation that does not resolve: leave the checks to the class
@@ -159,9 +170,10 @@ class ModelArgs:
                                         "from the same file), converted once to a cached float32 transformers "
                                         "directory that training loads (mutor.real). Not needed for the shipped "
                                         "name_or_path: pypi:smollm2-135m-instruct | pypi:gemma-3-270m."})
-    preset: str = field(
+    preset: Optional[str] = field(
         default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
-                                                "mutor.presets.PRESETS (tiny-llama, small-llama, ...)."})
+                                                "mutor.presets.PRESETS (tiny-llama, small-llama, ...); ignored "
+                                                "(and may be null) when name_or_path is set."})
     tokenizer: Optional[str] = field(
         default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, 'none', "
                                         "or None: name_or_path's tokenizer if it has one (tokenizer-less tasks need "
@@ -183,6 +195,9 @@ class ModelArgs:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype must be float32, bfloat16 or float16 (got {self.dtype!r})")
+        if self.name_or_path is None and self.preset is None:
+            raise ValueError("model: set name_or_path (a pretrained model) or preset (a random-init shape); "
+                             "both are null")
 
 
 @dataclass
@@ -226,10 +241,6 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
-            known = {f.name for f in dataclasses.fields(ModelArgs)}
-            unknown = sorted(set(self.model) - known)
-            if unknown:
-                raise MutorUserError(f"recipe model: unknown key(s) {unknown}; known: {sorted(known)}")
             check_fields(self.model, ModelArgs, "model")
             self.model = ModelArgs(**self.model)
         check_fields({k: getattr(self, k) for k in ("seed", "threads", "name", "loss_chunk_size",
@@ -243,8 +254,9 @@ class Recipe:
                                  f"optional `mutor`/`multi_token` settings (got {v!r})")
         for m in self.methods:
             if m not in METHODS and m not in self.variants:
+                hint = did_you_mean([m], list(METHODS) + sorted(self.variants))
                 raise ValueError(f"recipe method {m!r} is not one of {list(METHODS)} nor a variant "
-                                 f"({sorted(self.variants)})")
+                                 f"({sorted(self.variants)}){'; ' + hint if hint else ''}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"recipe method lists {self.methods} with repeats")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -292,6 +304,8 @@ class Recipe:
         if "prefix_attention" in self.multi_token:
             raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
                                  "not in the multi_token block")
+        unknown_keys(self.multi_token, [k for k in MultiTokenConfig.__dataclass_fields__ if k != "prefix_attention"],
+                     "multi_token", "mutor.multi_token.MultiTokenConfig")
         try:
             MultiTokenConfig.from_dict({**self.multi_token, "prefix_attention": self.prefix_attention})
         except (TypeError, ValueError) as err:
@@ -302,6 +316,7 @@ class Recipe:
         return list(self.method) if isinstance(self.method, (list, tuple)) else [self.method]
 
     def _validate_mutor(self) -> None:
+        unknown_keys(self.mutor, list(MuToRConfig.__dataclass_fields__), "mutor", "mutor.MuToRConfig")
         extra = {}
         if self.mutor.get("d_max_2d") is not None and self.mutor.get("grid_width") is None:
             extra["grid_width"] = self.mutor["d_max_2d"]     # the task sets the real grid width at run time
@@ -346,11 +361,17 @@ def find_recipe(name_or_path: Union[str, Path]) -> Path:
     if p.is_file():
         return p
     for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml", CONFIG_DIR / f"{p}.yml"):
-        if cand.is_file():
+        if cand.is_file() and not str(cand.relative_to(CONFIG_DIR)).startswith("accelerate/"):
             return cand
     shipped = sorted(str(f.relative_to(CONFIG_DIR).with_suffix("")) for f in CONFIG_DIR.rglob("*.yaml"))
+    launch = [r for r in shipped if r.startswith("accelerate/")]
+    recipes = [r for r in shipped if r not in launch]
+    if str(p).startswith("accelerate/") and str(p).removesuffix(".yaml") in launch:
+        raise FileNotFoundError(f"{str(name_or_path)!r} is an accelerate launch config, not a recipe: use it as "
+                                f"`accelerate launch --config_file {CONFIG_DIR / p.with_suffix('.yaml')} -m mutor train "
+                                "RECIPE`")
     raise FileNotFoundError(f"no recipe {str(name_or_path)!r}: not a file, and not one of the shipped recipes "
-                            f"{shipped}")
+                            f"{recipes} (accelerate launch configs, for `accelerate launch --config_file`: {launch})")
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -389,10 +410,7 @@ def load_recipe(source: Union[str, Path, dict], overrides: Optional[list[str]] =
             raise MutorUserError(f"{path}: a recipe must be a YAML mapping")
         name = path.stem
     data = apply_overrides(data, overrides)
-    known = {f.name for f in dataclasses.fields(Recipe)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise MutorUserError(f"recipe: unknown key(s) {unknown}; known: {sorted(known)}")
+    unknown_keys(data, [f.name for f in dataclasses.fields(Recipe)], "")
     for blk in ("mutor", "multi_token", "data", "training", "model"):
         if blk in data and data[blk] is None:
             data[blk] = {}
