@@ -112,6 +112,24 @@ def test_eval_on_a_directory_without_a_model_says_so(tmp_path, capsys):
                     "holds no model", "config.json")
 
 
+def test_ctrl_c_ends_as_one_line_naming_the_checkpoint_to_resume(tmp_path, capsys, monkeypatch):
+    from mutor.trainer import MuToRTrainer
+
+    step = MuToRTrainer.training_step
+
+    def interrupted_at_step_3(self, *args, **kwargs):
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(MuToRTrainer, "training_step", interrupted_at_step_3)
+    run = tmp_path / "run"
+    err = _one_line_error(capsys, ["train", "tiny/gsm8k", "method=mutor", "training.max_steps=6",
+                                   "training.save_steps=2", "--quiet", "--output-dir", str(run)],
+                          "interrupted while training mutor", "--resume", code=130)
+    assert str(run / "checkpoint-2") in err
+
+
 def test_truncated_weights_name_the_file(tmp_path, capsys):
     model = _tiny_model_dir(tmp_path / "m")
     f = model / "model.safetensors"

@@ -7,7 +7,8 @@ and each command start quickly.
 User errors (:class:`~mutor.errors.MutorUserError`, any ``ValueError`` or ``FileNotFoundError``,
 a ``SystemExit`` with a message) end as one line on stderr, ``mutor <command>: <problem>``, and
 exit status 2; any other exception is a bug and keeps its traceback. ``mutor --debug ...`` or
-``MUTOR_DEBUG=1`` keeps the traceback of user errors too.
+``MUTOR_DEBUG=1`` keeps the traceback of user errors too. Ctrl-C ends as one line too (exit status 130):
+``mutor train`` names the last complete checkpoint and says to ``--resume``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if debug:
             raise
         message = str(err)
+    except KeyboardInterrupt as err:                   # Ctrl-C: one line (mutor train says how to resume)
+        if debug:
+            raise
+        print(f"mutor {args.command}: {str(err) or 'interrupted'}", file=sys.stderr)
+        return 130
     prefix = f"mutor {args.command}: "
     message = " ".join(message.split("\n"))
     print(message if message.startswith(prefix) else prefix + message, file=sys.stderr)

@@ -311,6 +311,17 @@ def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bo
     return trainer
 
 
+def _interrupted(method: str, out: Path) -> str:
+    """What a Ctrl-C leaves behind, in one line: the last complete checkpoint and how to continue from it."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last:
+        return (f"interrupted while training {method}; the last complete checkpoint is {last}: run the same "
+                "command with --resume to continue from it")
+    return f"interrupted while training {method}, before its first checkpoint; nothing to resume"
+
+
 def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[str]] = None,
                resume: bool = False, quiet: bool = False, overwrite: bool = False) -> dict:
     """Run every method of a recipe; returns ``{"recipe": ..., "runs": [summary, ...], "output_dir": ...}``.
@@ -348,7 +359,10 @@ def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
             say(f"[mutor train] {method}: finished earlier ({done}); skipping")
             runs.append(earlier)
             continue
-        runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet))
+        try:
+            runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(_interrupted(method, out)) from None
         if len(methods) > 1:
             write_comparison(root, recipe, runs)
     result = {"recipe": recipe.to_dict(), "runs": runs, "output_dir": str(root)}
