@@ -63,7 +63,7 @@ def test_both_commands_read_the_same_final_evaluation(tmp_path):
     f = _training_summary(tmp_path / "sg" / "mutor", "mutor", 0, 0.25)
     run = {**json.loads(f.read_text()), "global_step": 2, "train_loss": 1.0, "wall_seconds": 3.0}
     md = comparison_markdown([run])
-    assert "| method | steps | solve_rate | best solve_rate | train loss | wall s |" in md
+    assert "| method | steps | solve_rate | best solve_rate | train loss (own objective) | wall s |" in md
     assert "| mutor | 2 | 0.2500 | 0.2500 | 1.0000 | 3 |" in md
     table = comparison_table(collect_summaries([str(tmp_path)]))
     assert table.splitlines()[:2] == ["| method | star_graph solve_rate |", "|---|---|"]

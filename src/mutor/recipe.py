@@ -291,7 +291,7 @@ class Recipe:
         try:
             from peft import LoraConfig
         except ImportError:  # pragma: no cover
-            raise MutorUserError("recipe lora needs peft: pip install 'mutor[peft]'") from None
+            raise MutorUserError("recipe lora needs peft: pip install -e '.[peft]' in the mutor checkout") from None
         check_fields(self.lora, LoraConfig, "lora")
         try:
             LoraConfig(**{"task_type": "CAUSAL_LM", **self.lora})

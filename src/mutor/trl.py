@@ -46,7 +46,7 @@ try:
     from trl import SFTTrainer
     from trl.trainer.utils import entropy_from_logits
 except ImportError as e:     # pragma: no cover - exercised only without the extra
-    raise ImportError("mutor.trl needs TRL: pip install 'mutor[trl]' (trl>=1.16)") from e
+    raise ImportError("mutor.trl needs TRL: pip install -e '.[trl]' in the mutor checkout (trl>=1.16)") from e
 
 from .config import MuToRConfig
 from .layout import IGNORE_INDEX

@@ -1,6 +1,7 @@
 """reasoning-gym's ``path_star`` graphs as an independent source of test graphs for our star-graph evaluator.
 
-reasoning-gym (``pip install "mutor[real]"``) generates path-star graphs with its own code, its own
+reasoning-gym (``pip install -e ".[real]"`` in the mutor checkout)
+generates path-star graphs with its own code, its own
 random streams and its own text format: a natural-language instruction, then
 ``|u v|u v|.../s g = `` with node labels up to ``node_range`` (100,000), and the answer
 ``"s a1 ... g"``. Its ``path_length`` counts the nodes of one arm *without* the centre; ours
@@ -87,7 +88,7 @@ def path_star_examples(shape: StarGraphShape, n: int, seed: int = 0, exclude: Op
 
     Graphs whose problem is in ``exclude`` (training keys) are skipped and replaced by further items."""
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise MutorUserError('--source path_star needs reasoning-gym: pip install "mutor[real]" '
+        raise MutorUserError('--source path_star needs reasoning-gym: pip install -e ".[real]" in the mutor checkout '
                              "(or pip install reasoning-gym)")
     import reasoning_gym
 
