@@ -15,65 +15,9 @@ import torch
 
 from families import FAMILIES, FLEX, SLIDING, make_model, packed_batch, padded_batch
 from mutor import MuToRConfig, MuToRModel
+from references import TOL, kept_rows, plain_forward, register_refs, run_mutor
 
-TOL = dict(atol=1e-5, rtol=1e-5)
 BATCHES = {"padded": padded_batch, "packed": packed_batch}
-
-
-def run_mutor(model: MuToRModel, batch: dict, offset_index=None):
-    with torch.no_grad():
-        return model(**batch, offset_index=offset_index, return_logits=True)
-
-
-def kept_rows(out):
-    """(b, l) of every logits row of a MuToR output, in order."""
-    lay = out.layout
-    keep = torch.cat([lay.ntp_labels, lay.reg_labels], 1) != -100
-    return keep.nonzero().tolist()
-
-
-def doc_start(batch: dict, b: int, t: int) -> int:
-    pos = batch.get("position_ids")
-    return 0 if pos is None else t - int(pos[b, t])
-
-
-def plain_forward(base, batch: dict):
-    # use_cache=False as in training: transformers only splits packed documents when no cache is built
-    with torch.no_grad():
-        return base(**batch, use_cache=False)
-
-
-def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None, keep=None):
-    """Yield (mutor_logits, reference_logits) for every register in `out` (with `keep`: only the registers
-    whose index r in their row satisfies keep(b, r, n_registers_in_row); for large real models)."""
-    base, cfg = model.base_model, model.mutor_config
-    T = batch["input_ids"].shape[1]
-    choices = cfg.offset_choices()
-    emb = base.get_input_embeddings()
-    for row, (b, l) in enumerate(kept_rows(out)):
-        if l < T:
-            continue
-        r = l - T
-        if keep is not None and not keep(b, r, int((out.layout.reg_labels[b] != -100).sum())):
-            continue
-        t = int(out.layout.reg_source[b, r])
-        k = int(out.layout.offset_index[b])
-        d = cfg.raster_offset(choices[k])
-        s = doc_start(batch, b, t)
-        if "labels" in batch and cfg.register_placement == "within_answer":
-            # the paper (3.3): registers only within the answer - x_{t+1} and the target x_{t+d} are answer tokens
-            lab = batch["labels"][b]
-            assert lab[t + 1] != -100 and lab[t + d] != -100, f"register after t={t} (d={d}) is outside the answer"
-        ids = batch["input_ids"][b, s:t + 1]
-        pos = torch.arange(t + 1 - s) if "position_ids" not in batch else batch["position_ids"][b, s:t + 1]
-        reg_pos = int(pos[-1]) + d - 1
-        vec = model.register_embeddings.weight[0 if cfg.register_embedding == "shared" else k]
-        with torch.no_grad():
-            x = torch.cat([emb(ids[None]), vec[None, None]], 1)                 # (1, n+1, C)
-            p = torch.cat([pos, torch.tensor([reg_pos])])[None]                  # (1, n+1)
-            mask = torch.ones(1, x.shape[1], dtype=torch.long) if mask_fn is None else mask_fn(p[0], x.dtype)
-            ref = base(inputs_embeds=x, attention_mask=mask, position_ids=p).logits[0, -1]
-        yield out.logits[row], ref, (b, t, d)
 
 
 @pytest.mark.parametrize("kind", BATCHES)

@@ -4,11 +4,11 @@ against their float32/bf16 references, and the fall-back to float32 where bf16 i
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from families import make_model, padded_batch
 
 import mutor.precision as precision
 import mutor.speculative as spec
@@ -17,9 +17,6 @@ from mutor.collator import PaddingCollator
 from mutor.multi_token import MultiTokenConfig, MultiTokenModel
 from mutor.presets import tiny_causal_lm
 from mutor.train import run_recipe
-
-sys.path.insert(0, str(Path(__file__).parent))
-from families import make_model, padded_batch  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"
 

@@ -161,7 +161,7 @@ def test_invariants_on_a_real_checkpoint(converted, name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mutor import MuToRConfig, MuToRModel
-    from test_equivalence import kept_rows, plain_forward, register_refs, run_mutor
+    from references import kept_rows, plain_forward, register_refs, run_mutor
 
     d = converted(name)
     tok = AutoTokenizer.from_pretrained(d)

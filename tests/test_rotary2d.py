@@ -15,7 +15,7 @@ from mutor.image.rotary2d import GridRotaryEmbedding, apply_saved_rotary_2d, use
 from mutor.image.sample import sample_codes
 from mutor.image.tokens import ImageLayout
 from mutor.presets import tiny_causal_lm
-from test_equivalence import TOL, register_refs, run_mutor
+from references import TOL, register_refs, run_mutor
 
 LAYOUT = ImageLayout(codebook_size=8, num_classes=10, height=4, width=4, levels=8)
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from families import FAMILIES, make_model, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from test_equivalence import TOL, kept_rows, register_refs, run_mutor
+from references import TOL, kept_rows, register_refs, run_mutor
 
 
 @pytest.mark.parametrize("family", FAMILIES)

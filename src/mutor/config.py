@@ -58,7 +58,7 @@ class MuToRConfig(JsonConfig):
                   "[r, a1, r, a2, ...] after the prompt): a register follows x_t only when x_{t+1} is a "
                   "supervised (answer) token, and is placed when its target x_{t+d} is supervised too, so no "
                   "register sits in the prompt. 'supervised_target': a register after every x_t whose target "
-                  "x_{t+d} is supervised, including the last d-1 prompt tokens (mutor's rule before 2026-11; "
+                  "x_{t+d} is supervised, including the last d-1 prompt tokens (a variant: "
                   "d-1 more registers per example). The two coincide when every token is supervised "
                   "(pretraining, images)."},
     )

@@ -1,4 +1,5 @@
-"""``mutor eval`` and ``mutor compare``: argument parsing only; the logic lives in :mod:`mutor.eval`."""
+"""``mutor eval`` and ``mutor compare``: arguments, and which splits go to which output directory; the
+evaluation itself lives in :mod:`mutor.eval`."""
 
 from __future__ import annotations
 

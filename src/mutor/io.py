@@ -5,17 +5,20 @@ Everything mutor writes for users (results, summaries, plots, JSONL) goes throug
 place, so an interrupted run never leaves a half-written file behind. Checkpoint
 directories are built whole beside their destination and swapped in
 (:func:`replace_directory`). :func:`run_json_files` and :func:`lora_base_dir` find what a run
-saved.
+saved; :func:`yaml_load` reads recipes (YAML 1.2 scalars) with one-line syntax errors.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Union
+
+import yaml
 
 PathLike = Union[str, os.PathLike]
 
@@ -101,3 +104,34 @@ def run_json_files(model_dir: PathLike, name: str) -> Iterator[dict]:
         f = d / name
         if f.is_file():
             yield json.loads(f.read_text())
+
+
+# ------------------------------------------------------------------ reading recipes
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 scalars: only true/false are booleans (``save_strategy: no`` stays "no") and
+    ``2e-5`` is a float, as a Python user expects."""
+
+
+_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:bool",
+                                                                                 "tag:yaml.org,2002:float")]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str, source: str = "YAML"):
+    """Parse ``text``; a syntax error is one :class:`MutorUserError` naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        from .errors import MutorUserError
+
+        raise MutorUserError(f"{source}:{where}: YAML syntax error: {problem}") from None

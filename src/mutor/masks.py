@@ -1,8 +1,8 @@
 """Attention masks for a RegisterLayout, in the form each attention backend needs.
 
 transformers 5.x passes any 4D tensor or BlockMask straight to the attention
-kernels, bypassing its own padding, causal and sliding-window logic (see
-shared/notes/transformers-masks.md), so everything is folded in here:
+kernels, bypassing its own padding, causal and sliding-window logic (its ``masking_utils`` builds masks
+only when none is given), so everything is folded in here:
 
 * ``sdpa``: a boolean (B, 1, L, L) tensor, True = may attend.
 * ``eager``: an additive float mask in the model's dtype (0 or finfo.min);

@@ -156,7 +156,7 @@ class MultiTokenModel(TrainingWrapper):
         is_reg = torch.arange(n_ntp + int(counts.sum()), device=self.device) >= n_ntp    # (N + n_reg,)
         targets = torch.cat([ntp_labels[keep]] + head_tgt)                              # (N + n_reg,)
         if self.loss_chunk_size is None:
-            loss, (ce, reg_hit) = None, self._full_loss(trunk_out.logits, head_rows, targets, n_ntp)
+            loss, (ce, reg_hit) = None, self._full_loss(trunk_out, head_rows, targets, n_ntp)
         else:
             from .loss import head_cross_entropy
 
@@ -181,8 +181,9 @@ class MultiTokenModel(TrainingWrapper):
         return mask, layout.position_ids
 
     def _trunk(self, run: dict, keep: torch.Tensor):
-        """The base model's forward (the decoder's normed hidden states for the chunked loss, else logits at
-        ``keep``), recording what its last decoder layer receives: the heads are called with the same."""
+        """The base model's forward (the decoder's normed hidden states for the chunked loss, else the (N, V)
+        logits at ``keep``, :meth:`logits_at`), recording what its last decoder layer receives: the heads are
+        called with the same."""
         inner = inner_model(self.base_model)
         layers = _parts(inner)[0]
         captured: dict = {}
@@ -195,7 +196,7 @@ class MultiTokenModel(TrainingWrapper):
             if self.loss_chunk_size is not None:   # decoder only: its (normed) hidden states, no logits
                 out = inner.get_decoder()(**run).last_hidden_state                      # (B, T, C)
             else:
-                out = self.base_model(**run, logits_to_keep=keep)
+                out = self.logits_at(run, keep)                                         # (N, V)
         finally:
             handle.remove()
         return out, (captured["args"], dict(captured["kwargs"]))

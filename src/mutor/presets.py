@@ -22,7 +22,7 @@ PRESETS = {
     "tiny-mistral": ("mistral", 64, 2, 4, 2, 128),
     "small-llama": ("llama", 256, 4, 4, 4, 1024),
     "star-llama": ("llama", 128, 4, 4, 4, 512),       # the star-graph default: ~0.8M parameters
-    "star-llama-wide": ("llama", 384, 6, 6, 6, 1536),  # the GPU-sized star-graph model
+    "star-llama-wide": ("llama", 384, 6, 6, 6, 1536),  # a GPU-sized star-graph model
     "image-tiny": ("llama", 128, 4, 4, 4, 512),        # digits on a CPU
     "llamagen-b": ("llama", 768, 12, 12, 12, 2048),    # LlamaGen-B shape: ~111M parameters with a 16384 codebook
 }

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,38 +40,11 @@ import yaml
 from .clipping import GRAD_CLIP_MODES
 from .config import MuToRConfig
 from .errors import MutorUserError
+from .io import yaml_load
 
 __all__ = ["ModelArgs", "Recipe", "METHODS", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
 
 METHODS = ("next_token", "mutor", "multi_token")
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 scalars: only true/false are booleans (``save_strategy: no`` stays "no") and
-    ``2e-5`` is a float, as a Python user expects."""
-
-
-_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:bool",
-                                                                                 "tag:yaml.org,2002:float")]
-                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
-               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
-def yaml_load(text: str, source: str = "YAML"):
-    """Parse ``text``; a syntax error is one :class:`MutorUserError` naming ``source`` and the line."""
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise MutorUserError(f"{source}:{where}: YAML syntax error: {problem}") from None
 
 
 # -------------------------------------------------------------- type checks

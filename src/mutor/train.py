@@ -128,7 +128,7 @@ def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
     if not out.is_dir():
         return
     if recorded.is_file():
-        from .recipe import yaml_load
+        from .io import yaml_load
 
         old = _flat({k: v for k, v in (yaml_load(recorded.read_text(), str(recorded)) or {}).items()
                      if k != "source_dir"})

@@ -126,7 +126,7 @@ def gsm_symbolic_splits(num_train: int, num_validation: int, num_test: int, data
 
 def _run_data_options(model_path: Optional[str]) -> dict:
     """The ``data`` block of the run a model directory came from, when it was a gsm_symbolic run."""
-    import yaml
+    from ..io import yaml_load
 
     if model_path is None:
         return {}
@@ -134,7 +134,7 @@ def _run_data_options(model_path: Optional[str]) -> dict:
     for d in (p, p.parent, p.parent.parent):
         f = d / "recipe.yaml"
         if f.is_file():
-            data = (yaml.safe_load(f.read_text()) or {}).get("data") or {}
+            data = (yaml_load(f.read_text(), str(f)) or {}).get("data") or {}
             return data if data.get("task") == "gsm_symbolic" else {}
     return {}
 

@@ -113,14 +113,14 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
 
 def run_info(path: str) -> dict:
     """``method``, ``seed``, ``prefix_attention`` of the run a model directory came from (recipe / sidecar)."""
-    import yaml
+    from ..io import yaml_load
 
     info: dict = {}
     p = Path(path)
     for d in (p, p.parent):
         recipe = d / "recipe.yaml"
         if recipe.is_file():
-            data = yaml.safe_load(recipe.read_text()) or {}
+            data = yaml_load(recipe.read_text(), str(recipe)) or {}
             for k in ("method", "seed", "prefix_attention", "name"):
                 if k in data and k not in info:
                     info[k] = data[k]
@@ -318,7 +318,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     task options (e.g. ``{"num_test": 2000}``). The model is loaded in ``dtype`` on ``device`` (default: a
     GPU when there is one).
     """
-    import yaml
+    from ..io import yaml_load
 
     from ..data.registry import build_training_data
 
@@ -327,7 +327,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     if recipe is None:
         raise FileNotFoundError(f"{model_path}: no recipe.yaml here or in the parent; synthetic tasks are evaluated "
                                 "on the data their run was trained with")
-    r = yaml.safe_load(recipe.read_text())
+    r = yaml_load(recipe.read_text(), str(recipe))
     data = dict(r.get("data") or {})
     name = data.pop("task")
     data.pop("packing", None)
