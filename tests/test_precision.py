@@ -110,6 +110,19 @@ def test_slow_bf16_falls_back_to_float32_with_a_notice(tmp_path, monkeypatch, ca
     assert "bfloat16" in (out / "recipe.yaml").read_text()          # the recipe as asked, so --resume matches it
 
 
+def test_bf16_autocast_recipe_trains_on_a_cpu(tmp_path, monkeypatch):
+    """training.bf16: true (float32 weights, autocast; the full fine-tuning mode) runs on a CPU without the user
+    having to add use_cpu, and the summary records it."""
+    monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: 4.0)
+    out = tmp_path / "run"
+    run_recipe({"method": "mutor", "model": {"preset": "tiny-llama", "tokenizer": "byte"},
+                "data": {"task": "gsm8k", "path": str(FIXTURE), "limit": 8},
+                "training": {"max_steps": 1, "per_device_train_batch_size": 4, "report_to": [], "bf16": True,
+                             "save_strategy": "no", "disable_tqdm": True, "output_dir": str(out)}}, quiet=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"] == {"model_dtype": "float32", "bf16_autocast": True, "fallback": None}
+
+
 def test_fast_bf16_keeps_what_was_asked(monkeypatch):
     monkeypatch.setattr(precision, "_cpu_bf16_speedup", lambda: 4.0)
     assert precision.resolve_precision("bfloat16", False, "cpu") == ("bfloat16", False, None)

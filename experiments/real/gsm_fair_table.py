@@ -37,6 +37,17 @@ def _label(d: Path) -> dict:
     return {"method": "_".join(parts[:-3]), "seed": seed, "precision": prec, "clip": clip}
 
 
+def _timing(runs: Path, name: str) -> dict:
+    """CPU seconds and peak memory of a run's training processes: a run killed and resumed has one
+    ``/usr/bin/time`` file per process (``time_<run>*.txt``): CPU seconds add up, the peak is the largest."""
+    parts = [_time_file(f) for f in sorted(runs.glob(f"time_{name}*.txt"))]
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    return {"train_cpu_seconds": round(sum(p["train_cpu_seconds"] for p in parts), 1),
+            "train_peak_rss_gb": max(p["train_peak_rss_gb"] or 0 for p in parts), "train_processes": len(parts)}
+
+
 def _per_step(summary: dict, key: str) -> dict:
     return {h["step"]: h[key] for h in summary["train_history"] if key in h}
 
@@ -49,7 +60,7 @@ def collect(runs: Path, losses: dict) -> list[dict]:
             continue
         s = json.loads((d / "summary.json").read_text())
         steps = s["global_step"]
-        timing = _time_file(runs / f"time_{d.name}.txt")
+        timing = _timing(runs, d.name)
         norms = _per_step(s, "grad_norm")
         clipped = sum(v > 1.0 for v in norms.values()) / max(len(norms), 1)     # every step is logged
         reg_norms = _per_step(s, "reg_grad_norm")

@@ -150,6 +150,8 @@ def training_arguments(recipe: Recipe, output_dir: Path):
                     lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
                     dataloader_pin_memory=torch.cuda.is_available())
     args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
+    if args.get("bf16") and not torch.cuda.is_available():
+        args.setdefault("use_cpu", True)        # Trainer's bf16 autocast runs on a CPU only when told use_cpu
     try:
         return TrainingArguments(**args)
     except (TypeError, ValueError) as err:
