@@ -99,7 +99,8 @@ def table(rows: list[dict]) -> str:
     keys = sorted({(r["method"], r["seed"], r["precision"], r["clip"]) for r in rows},
                   key=lambda k: ("before" not in k[3], order.get(k[0], 9), k[2], k[3], str(k[1])))
     out = ["| method | seed | precision | clipping | test acc % | new-templates acc % | test answer loss | "
-           "new-templates answer loss | train ntp loss (last 25) | steps clipped (model / reg) | CPU s / step | "
+           "new-templates answer loss | train ntp loss (last 25) | steps with grad_norm / reg_grad_norm > 1 | "
+           "CPU s / step | "
            "peak RSS GB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in keys:
         by = {r["split"]: r for r in rows if (r["method"], r["seed"], r["precision"], r["clip"]) == k}
