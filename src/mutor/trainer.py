@@ -280,20 +280,15 @@ class MuToRTrainer(Trainer):
             inputs = {**inputs, "num_registers_in_batch": self._num_reg_in_batch}
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
-            self._accumulate(outputs)
+            self._accumulate(outputs, self._sums)
         elif getattr(self, "_eval_sums", None) is not None:
-            e = self._eval_sums
-            e["ntp_sum"] += float(outputs.ntp_loss_sum)
-            e["ntp_n"] += float(outputs.num_ntp_tokens or 0)
-            if outputs.num_registers:
-                e["reg_sum"] += float(outputs.reg_loss_sum)
-                e["reg_n"] += float(outputs.num_registers)
+            self._accumulate(outputs, self._eval_sums)
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _accumulate(self, out) -> None:
-        """Add the forward's loss sums and counts, so the logged values are token-weighted means over the window."""
-        s = self._sums
+    def _accumulate(self, out, s: dict) -> None:
+        """Add the forward's loss sums and counts to ``s`` (the logging window's, or an evaluation's), so the
+        reported values are token-weighted means."""
         s["ntp_sum"] += float(out.ntp_loss_sum)
         s["ntp_n"] += float(out.num_ntp_tokens or 0)
         if out.num_registers:
