@@ -366,3 +366,10 @@ def test_unreachable_hub_dataset_is_one_line_error(monkeypatch):
     with pytest.raises(MutorUserError, match="dataset 'nobody/no-such-data': cannot reach the Hugging Face Hub"):
         load_rows(hub_id="nobody/no-such-data", split="test")
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "gsm_symbolic"])
+def test_eval_task_run_on_a_text_benchmark_run_names_the_task_to_use(tmp_path, capsys, task):
+    """``--task run`` on a run of a text benchmark (gsm_symbolic included) says which --task to use."""
+    (tmp_path / "recipe.yaml").write_text(f"method: mutor\ndata:\n  task: {task}\n")
+    _one_line_error(capsys, ["eval", "--task", "run", "--model", str(tmp_path)], f"--task {task}", "text task")

@@ -334,7 +334,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     from ..data.templates import TEMPLATES
     from ..errors import MutorUserError, from_pretrained
 
-    if name in TEMPLATES or name in ("text", "prompt_completion"):
+    if name in TEMPLATES or name in BENCHMARKS or name in ("text", "prompt_completion"):
         use = f"--task {name}" if name in BENCHMARKS else f"--task with one of {sorted(BENCHMARKS)}"
         raise MutorUserError(f"{model_path} is a run of the text task {name!r}, not of a synthetic task "
                              f"(--task run is for star_graph, digits, image_codes): use {use}")

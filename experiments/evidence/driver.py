@@ -1,0 +1,326 @@
+"""Runs the evidence plan (plan.yaml): what is missing, in order, resumable at any point.
+
+Each declared run goes through one pipeline, every stage of which is skipped when its output exists:
+
+1. ``mutor train`` the group's recipe for the run's method and seed, into ``runs_dir/<group>/<run>``,
+   checkpointing every ``save_every`` steps. A directory with a checkpoint is resumed (``--resume``: the
+   same batches, RNG and optimizer state as an uninterrupted run); one killed before its first checkpoint
+   is started again. Every training process's CPU seconds and peak memory go to ``<run>.train.jsonl``
+   beside the directory (a resumed run has several).
+2. Checkpoints that are not at an epoch's end are deleted (they only served resuming).
+3. ``mutor eval --checkpoints``: the task's protocol picks the checkpoint (gsm_symbolic: validation exact
+   match), then scores it on every test split.
+4. Held-out answer loss of the final model (``experiments/real/heldout_loss.py``), when the group asks.
+5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results`` (and
+   committed with ``--commit``, only that file).
+
+A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
+whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
+and the next start resumes from the last checkpoint.
+
+    nohup python experiments/evidence/driver.py --slots 2 --threads 1 --commit > runs/evidence.log 2>&1 &
+    python experiments/evidence/driver.py --list          # the plan and what is done
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mutor.errors import MutorUserError
+from mutor.io import yaml_load
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+@dataclass
+class Run:
+    group: dict = field(repr=False)
+    method: str
+    seed: int
+    epochs: int
+    tag: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}_s{self.seed}" + (f"_{self.tag}" if self.tag else "")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.group["name"], self.name
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * self.group["steps_per_epoch"]
+
+
+def load_plan(path: Path) -> tuple[dict, list[Run]]:
+    try:
+        plan = yaml_load(path.read_text(), str(path))
+    except MutorUserError as err:
+        raise SystemExit(str(err)) from None
+    runs, seen = [], set()
+    for g in plan["groups"]:
+        for missing in {"name", "recipe", "epochs", "steps_per_epoch", "runs", "eval"} - set(g):
+            raise SystemExit(f"{path}: group {g.get('name', '?')!r} has no {missing!r}")
+        for r in g["runs"]:
+            run = Run(g, r["method"], int(r["seed"]), int(r.get("epochs", g["epochs"])), r.get("tag", ""))
+            if run.key in seen:
+                raise SystemExit(f"{path}: run {run.key} is declared twice")
+            seen.add(run.key)
+            runs.append(run)
+    return plan, runs
+
+
+def done_keys(results: Path) -> set:
+    if not results.is_file():
+        return set()
+    return {(r["group"], r["run"]) for r in map(json.loads, filter(str.strip, results.read_text().splitlines()))}
+
+
+# ----------------------------------------------------------------------------- claiming a run
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(lock: Path) -> bool:
+    """Create ``lock`` holding this pid; take over a lock whose process is gone."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                return False
+            lock.unlink(missing_ok=True)
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- stages
+class Driver:
+    def __init__(self, plan: dict, args: argparse.Namespace):
+        self.plan, self.args = plan, args
+        self.runs_dir = (REPO / plan["runs_dir"]) if not Path(plan["runs_dir"]).is_absolute() else Path(plan["runs_dir"])
+        if args.runs_dir:
+            self.runs_dir = Path(args.runs_dir)
+        self.results = Path(args.results or REPO / plan["results"])
+        self.children: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def log(self, run: Run, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {run.group['name']}/{run.name}: {msg}", flush=True)
+
+    def sh(self, cmd: list[str], log: Path, threads: int) -> dict:
+        """Run ``cmd`` (output appended to ``log``); its exit code, wall and CPU seconds and peak RSS."""
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        t0 = time.time()
+        with open(log, "a") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+            out.flush()
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            with self.lock:
+                self.children.add(p)
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            with self.lock:
+                self.children.discard(p)
+        return {"rc": p.returncode, "wall_seconds": round(time.time() - t0, 1),
+                "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
+
+    def train(self, run: Run, d: Path) -> None:
+        summary = d / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get("finished"):
+            return
+        has_ck = any(re.fullmatch(r"checkpoint-\d+", p.name) for p in d.glob("checkpoint-*"))
+        if d.exists() and not has_ck:
+            shutil.rmtree(d)                     # killed before its first checkpoint: nothing to resume
+        g, t = run.group, self.args.threads
+        cmd = ["mutor", "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
+               *g.get("overrides", []), f"training.max_steps={run.steps}",
+               f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}", "training.save_total_limit=null",
+               f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
+        self.log(run, ("resuming" if has_ck else "training") + f" for {run.steps} steps")
+        res = self.sh(cmd, d.parent / f"{run.name}.log", t)
+        with open(d.parent / f"{run.name}.train.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": has_ck, **res}) + "\n")
+        if res["rc"] != 0:
+            raise RuntimeError(f"mutor train exited {res['rc']} (log: {d.parent / f'{run.name}.log'})")
+
+    def prune(self, run: Run, d: Path) -> None:
+        every = run.group["steps_per_epoch"]
+        for ck in d.glob("checkpoint-*"):
+            if re.fullmatch(r"checkpoint-\d+", ck.name) and int(ck.name.split("-")[1]) % every:
+                shutil.rmtree(ck)
+
+    def evaluate(self, run: Run, d: Path) -> dict:
+        e = run.group["eval"]
+        out = d / "eval" / e["task"]
+        if not (out / "summary.json").is_file() or "other_splits" not in json.loads((out / "summary.json").read_text()):
+            cmd = ["mutor", "eval", "--task", e["task"], "--checkpoints", str(d), "--output-dir", str(out),
+                   "--batch-size", str(e.get("batch_size", 8)), "--quiet"]
+            cmd += ["--limit", str(e["limit"])] if e.get("limit") else []
+            cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
+            cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
+            self.log(run, "evaluating checkpoints")
+            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
+            if res["rc"] != 0:
+                raise RuntimeError(f"mutor eval exited {res['rc']}")
+            (d / "eval_seconds.json").write_text(json.dumps(res))
+        return json.loads((out / "summary.json").read_text())
+
+    def answer_loss(self, run: Run, d: Path) -> dict:
+        n = run.group["eval"].get("answer_loss")
+        if not n:
+            return {}
+        f = d / "answer_loss.jsonl"
+        if not f.is_file() or len(f.read_text().splitlines()) < 2:
+            f.unlink(missing_ok=True)
+            self.log(run, "held-out answer loss")
+            res = self.sh([sys.executable, str(REPO / "experiments/real/heldout_loss.py"), str(d), "--limit", str(n),
+                           "--output", str(f)], d.parent / f"{run.name}.log", self.args.threads)
+            if res["rc"] != 0:
+                raise RuntimeError(f"heldout_loss.py exited {res['rc']}")
+        return {r["split"]: r for r in map(json.loads, f.read_text().splitlines())}
+
+    def row(self, run: Run, d: Path, ev: dict, losses: dict) -> dict:
+        s = json.loads((d / "summary.json").read_text())
+        procs = [json.loads(x) for x in (d.parent / f"{run.name}.train.jsonl").read_text().splitlines()]
+        out = d / "eval" / ev["task"]
+        splits = {}
+        for split, summ in [(ev["split"], ev)] + [(k, json.loads(Path(v["summary"]).read_text()))
+                                                  for k, v in ev.get("other_splits", {}).items()]:
+            gen = out / ev["selected_checkpoint"] / split / "generations.jsonl"
+            per = [json.loads(x)[ev["primary"]] for x in gen.read_text().splitlines()] if gen.is_file() else None
+            loss = losses.get(split, {})
+            splits[split] = {"n": summ["n"], "metrics": summ["metrics"], "per_example": per,
+                             "answer_loss": loss.get("answer_loss"), "answer_loss_se": loss.get("se"),
+                             "answer_loss_per_example": loss.get("per_example"), "answer_tokens": loss.get("tokens")}
+        hist = [h for h in s["train_history"] if "ntp_loss" in h or "loss" in h]
+        last = [h.get("ntp_loss", h.get("loss")) for h in hist if h["step"] > s["global_step"] - max(1, run.group["steps_per_epoch"] // 5)]
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed,
+                "epochs": run.epochs, "tag": run.tag, "steps": s["global_step"], "recipe": run.group["recipe"],
+                "overrides": run.group.get("overrides", []), "task": ev["task"],
+                "selected_checkpoint": ev["selected_checkpoint"], "selection": ev["selection"],
+                "per_checkpoint": ev["per_checkpoint"], "primary": ev["primary"], "splits": splits,
+                "train_ntp_loss_last": round(sum(last) / len(last), 4) if last else None,
+                "train_cpu_seconds": round(sum(p["cpu_seconds"] for p in procs), 1),
+                "train_wall_seconds": round(sum(p["wall_seconds"] for p in procs), 1),
+                "train_processes": len(procs), "peak_rss_gb": max(p["peak_rss_gb"] for p in procs),
+                "threads": self.args.threads, "parameters": s.get("parameters"), "precision": s.get("precision"),
+                "clipping": s.get("clipping"), "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def append(self, row: dict) -> None:
+        with self.lock:
+            self.results.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            if self.args.commit:
+                repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=self.results.parent,
+                                      capture_output=True, text=True).stdout.strip()
+                rel = os.path.relpath(self.results, repo)
+                subprocess.run(["git", "add", rel], cwd=repo, check=False)
+                subprocess.run(["git", "commit", "-q", "-m", f"Evidence: {row['group']}/{row['run']} (row)", "--", rel],
+                               cwd=repo, check=False)
+
+    def pipeline(self, run: Run) -> None:
+        d = self.runs_dir / run.group["name"] / run.name
+        lock = d.parent / f"{run.name}.lock"
+        try:
+            self.train(run, d)
+            self.prune(run, d)
+            ev = self.evaluate(run, d)
+            losses = self.answer_loss(run, d)
+            if not self.stopping:
+                self.append(self.row(run, d, ev, losses))
+                self.log(run, "row written")
+        except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
+            if not self.stopping:
+                self.log(run, f"FAILED: {err}")
+        finally:
+            lock.unlink(missing_ok=True)
+
+    def stop(self, *_) -> None:
+        self.stopping = True
+        with self.lock:
+            for p in self.children:
+                p.terminate()
+
+    def main(self, runs: list[Run]) -> int:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        done = done_keys(self.results)
+        todo = [r for r in runs if r.key not in done]
+        active: list[threading.Thread] = []
+        while todo and not self.stopping:
+            active = [t for t in active if t.is_alive()]
+            if len(active) >= self.args.slots:
+                time.sleep(2)
+                continue
+            run = todo.pop(0)
+            d = self.runs_dir / run.group["name"] / run.name
+            if not claim(d.parent / f"{run.name}.lock"):
+                self.log(run, "claimed by another driver; skipped")
+                continue
+            t = threading.Thread(target=self.pipeline, args=(run,), daemon=True)
+            t.start()
+            active.append(t)
+        while any(t.is_alive() for t in active):
+            time.sleep(1)
+        return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml")
+    ap.add_argument("--group", action="append", default=None, help="only these groups (repeatable)")
+    ap.add_argument("--only", action="append", default=None, help="only these runs, e.g. mutor_s0 (repeatable)")
+    ap.add_argument("--slots", type=int, default=2, help="runs side by side (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
+    ap.add_argument("--runs-dir", default=None, help="default: the plan's runs_dir")
+    ap.add_argument("--results", default=None, help="default: the plan's results file")
+    ap.add_argument("--commit", action="store_true", help="git-commit the results file after each row")
+    ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
+    args = ap.parse_args(argv)
+    plan, runs = load_plan(args.plan)
+    runs = [r for r in runs if (not args.group or r.group["name"] in args.group) and (not args.only or r.name in args.only)]
+    driver = Driver(plan, args)
+    if args.list:
+        done = done_keys(driver.results)
+        for r in runs:
+            d = driver.runs_dir / r.group["name"] / r.name
+            state = ("done" if r.key in done else "trained" if (d / "summary.json").is_file() else
+                     "partial" if d.exists() else "todo")
+            print(f"{r.group['name']:24s} {r.name:28s} {r.steps:5d} steps  {state}")
+        return 0
+    return driver.main(runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The evidence rows (results.jsonl) as the README's tables, a plot and a verdict.
+
+Every comparison is paired: a run against next-token of the same group and seed (the same initialisation,
+data and batch order), per example of the same held-out items. For each seed, the mean per-example
+difference and its standard error; over seeds, the mean of the per-seed differences with two standard
+errors: the seed-to-seed spread (s.d. of the per-seed means / sqrt(seeds), from 3 seeds on) and the
+pooled per-example one. A difference is claimed only when it lies beyond two of the larger of the two;
+fewer than three seeds never support a claim. Exact match is in points (percent), answer loss in nats.
+
+    python experiments/evidence/report.py                       # print the tables and the verdict
+    python experiments/evidence/report.py --readme README.md --plot experiments/evidence/evidence.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
+MEASURES = {"exact match (points)": "per_example", "answer loss (nats)": "answer_loss_per_example"}
+
+
+def load(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else float("nan"))
+
+
+def runs_table(rows: list[dict]) -> str:
+    splits = sorted({s for r in rows for s in r["splits"]}, key=lambda s: (s != "test", s))
+    head = ["method", "seed", "epochs", "checkpoint"] + [f"{s} EM %" for s in splits] + \
+           [f"{s} answer loss" for s in splits] + ["train ntp loss (end)", "train CPU h", "peak GB"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = {"next_token": 0, "multi_token": 1, "mutor": 2}
+    for r in sorted(rows, key=lambda r: (r["tag"], order.get(r["method"], 9), r["seed"])):
+        cells = [r["method"] + (f" ({r['tag']})" if r["tag"] else ""), str(r["seed"]), str(r["epochs"]),
+                 r["selected_checkpoint"].replace("checkpoint-", "step ")]
+        for s in splits:
+            per = _per(r, s, "per_example")
+            cells.append("{:.1f} ± {:.1f}".format(*_mean_se(per)) + f" (n={len(per)})" if per else "-")
+        for s in splits:
+            sp = r["splits"].get(s, {})
+            cells.append(f"{sp['answer_loss']:.4f} ± {sp['answer_loss_se']:.4f}" if sp.get("answer_loss") else "-")
+        cells += [str(r.get("train_ntp_loss_last") or "-"), f"{r['train_cpu_seconds'] / 3600:.2f}", str(r["peak_rss_gb"])]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _per(r: dict, split: str, key: str):
+    per = r["splits"].get(split, {}).get(key)
+    if not per:
+        return None
+    if key == "per_example" and max(per) <= 1:        # 0/1 scores as points
+        per = [100 * x for x in per]
+    return per
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Each run against next-token of the same group and seed; per seed, then pooled over seeds."""
+    base = {(r["group"], r["seed"]): r for r in rows if r["method"] == "next_token" and not r["tag"]}
+    by = defaultdict(list)                         # (group, label, split, measure) -> [(seed, diffs)]
+    for r in rows:
+        ref = base.get((r["group"], r["seed"]))
+        if ref is None or r is ref:
+            continue
+        label = r["method"] + (f" ({r['tag']})" if r["tag"] else "")
+        for split in r["splits"]:
+            for measure, key in MEASURES.items():
+                a, b = _per(r, split, key), _per(ref, split, key)
+                if a is not None and b is not None and len(a) == len(b):
+                    by[(r["group"], label, split, measure)].append((r["seed"], [x - y for x, y in zip(a, b)]))
+    out = []
+    for (group, label, split, measure), seeds in sorted(by.items()):
+        per_seed = [(sd, *_mean_se(d), len(d)) for sd, d in sorted(seeds)]
+        means = [m for _, m, _, _ in per_seed]
+        pooled_mean, pooled_se = _mean_se([x for _, d in seeds for x in d])
+        k = len(means)
+        seed_se = _mean_se(means)[1] if k >= 3 else float("nan")
+        mean = sum(means) / k
+        se = max(pooled_se, seed_se) if k >= 3 else pooled_se
+        claim = k >= 3 and abs(mean) > 2 * se
+        out.append({"group": group, "comparison": f"{label} - next_token", "split": split, "measure": measure,
+                    "per_seed": per_seed, "mean": mean, "pooled_se": pooled_se, "seed_se": seed_se, "se": se,
+                    "seeds": k, "beyond_2se": claim})
+    return out
+
+
+def comparison_table(comps: list[dict]) -> str:
+    out = ["| comparison | split | measure | per seed: difference ± s.e. | mean | s.e. (pooled / seeds) | "
+           "beyond 2 s.e. |", "|---|---|---|---|---|---|---|"]
+    for c in comps:
+        per = "; ".join(f"s{sd}: {m:+.3f} ± {se:.3f}" for sd, m, se, _ in c["per_seed"])
+        seed_se = "-" if math.isnan(c["seed_se"]) else f"{c['seed_se']:.3f}"
+        verdict = "yes" if c["beyond_2se"] else ("no" if c["seeds"] >= 3 else f"no claim ({c['seeds']} seed"
+                                                                            f"{'s' if c['seeds'] > 1 else ''})")
+        out.append(f"| {c['comparison']} | {c['split']} | {c['measure']} | {per} | {c['mean']:+.3f} | "
+                   f"{c['pooled_se']:.3f} / {seed_se} | {verdict} |")
+    return "\n".join(out)
+
+
+def verdict(comps: list[dict]) -> str:
+    """One line per comparison and split: better, worse or no difference shown, in words."""
+    lines = []
+    for c in comps:
+        if c["seeds"] < 3:
+            what = f"not yet judged ({c['seeds']} of 3 seeds)"
+        elif not c["beyond_2se"]:
+            what = "no difference shown (within 2 s.e.)"
+        else:
+            better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
+            what = ("better" if better else "worse") + " than next-token beyond 2 s.e."
+        lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {c['mean']:+.3f} "
+                     f"(s.e. {c['se']:.3f}): {what}")
+    return "\n".join(lines)
+
+
+def plot(comps: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measures = list(MEASURES)
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 0.6 * max(4, len(comps) // 2) + 1.5))
+    for ax, measure in zip(axes, measures):
+        cs = [c for c in comps if c["measure"] == measure]
+        labels = [f"{c['group']}: {c['comparison']} [{c['split']}]" for c in cs]
+        for i, c in enumerate(cs):
+            ax.errorbar(c["mean"], i, xerr=2 * c["se"], fmt="o", color="C0" if c["seeds"] >= 3 else "0.6", capsize=3)
+            for sd, m, _, _ in c["per_seed"]:
+                ax.plot(m, i, "x", color="C1", ms=4)
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_yticks(range(len(cs)))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_xlabel(f"difference in {measure} (o: mean ± 2 s.e., x: seeds)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(rows: list[dict]) -> str:
+    parts = []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        g = [r for r in rows if r["group"] == group]
+        parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g)}")
+    comps = comparisons(rows)
+    parts.append("Paired differences against next-token (same seed, same held-out examples):\n\n" + comparison_table(comps))
+    parts.append("Verdict, generated from the rows:\n\n" + (verdict(comps) or "- no comparison yet"))
+    return "\n\n".join(parts)
+
+
+def replace_between(text: str, body: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"the README has no {BEGIN} ... {END} block")
+    return re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{body}\n{END}", text, flags=re.S)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
+    ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
+    ap.add_argument("--plot", default=None, help="paired differences (PNG)")
+    args = ap.parse_args(argv)
+    rows = load(args.results)
+    if not rows:
+        print(f"{args.results}: no rows yet")
+        return 0
+    md = markdown(rows)
+    print(md)
+    if args.readme:
+        p = Path(args.readme)
+        p.write_text(replace_between(p.read_text(), md))
+    if args.plot:
+        plot(comparisons(rows), args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

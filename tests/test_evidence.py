@@ -1,0 +1,131 @@
+"""The evidence harness (experiments/evidence): the shipped plan resolves, the driver runs what is missing
+and skips what is done, resumes a killed run, and the report pairs runs by seed with the claim rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments" / "evidence"))
+
+import driver  # noqa: E402
+import report  # noqa: E402
+
+
+def test_shipped_plan_resolves_to_valid_recipes():
+    from mutor.recipe import load_recipe
+
+    _, runs = driver.load_plan(driver.HERE / "plan.yaml")
+    assert runs and len({r.key for r in runs}) == len(runs)
+    for r in runs:
+        g = r.group
+        recipe = load_recipe(g["recipe"], [*g.get("overrides", []), f"training.max_steps={r.steps}",
+                                           f"training.save_steps={g['save_every']}", f"method=[{r.method}]"])
+        assert recipe.training["max_steps"] == r.steps
+    methods = {(r.method, r.seed) for r in runs if not r.tag}
+    assert {("next_token", s) for s in (0, 1, 2)} <= methods and {("mutor", s) for s in (0, 1, 2)} <= methods
+
+
+def test_plan_refuses_a_run_declared_twice(tmp_path):
+    p = tmp_path / "plan.yaml"
+    p.write_text("runs_dir: r\nresults: r.jsonl\ngroups:\n  - {name: g, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2,"
+                 " eval: {task: gsm8k}, runs: [{method: mutor, seed: 0}, {method: mutor, seed: 0}]}\n")
+    with pytest.raises(SystemExit, match="declared twice"):
+        driver.load_plan(p)
+
+
+def test_claim_takes_over_a_lock_whose_process_is_gone(tmp_path):
+    lock = tmp_path / "run.lock"
+    lock.write_text("999999999")
+    assert driver.claim(lock)
+    assert lock.read_text() == str(__import__("os").getpid())
+    assert not driver.claim(lock)                      # held by a live process (this one)
+
+
+def _plan(tmp_path: Path, steps_per_epoch: int) -> Path:
+    p = tmp_path / "plan.yaml"
+    p.write_text(f"""runs_dir: {tmp_path}/runs
+results: {tmp_path}/results.jsonl
+groups:
+  - name: tiny
+    recipe: tiny/gsm8k
+    epochs: 2
+    steps_per_epoch: {steps_per_epoch}
+    save_every: 1
+    overrides: ["training.report_to=[]", training.logging_steps=1]
+    runs:
+      - {{method: next_token, seed: 0}}
+      - {{method: mutor, seed: 0}}
+    eval: {{task: gsm8k, data: src/mutor/configs/tiny/data/gsm8k_tiny.jsonl, limit: 4, max_new_tokens: 4, batch_size: 4}}
+""")
+    return p
+
+
+def _driver(plan: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments/evidence/driver.py"), "--plan", str(plan),
+                           "--slots", "2", *extra], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp_path):
+    plan = _plan(tmp_path, 2)
+    # a killed run: a checkpoint at step 1 and no summary; the driver must resume it, not start over
+    first = _driver(plan, "--only", "mutor_s0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    mutor_dir = tmp_path / "runs" / "tiny" / "mutor_s0"
+    assert sorted(p.name for p in mutor_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # epoch ends
+    rows = report.load(tmp_path / "results.jsonl")
+    assert [r["run"] for r in rows] == ["mutor_s0"]
+
+    out = _driver(plan)                                    # next_token_s0 missing, mutor_s0 done
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "mutor_s0" not in out.stdout and "next_token_s0: row written" in out.stdout
+    rows = report.load(tmp_path / "results.jsonl")
+    assert sorted(r["run"] for r in rows) == ["mutor_s0", "next_token_s0"]
+    assert len((tmp_path / "runs" / "tiny" / "mutor_s0.train.jsonl").read_text().splitlines()) == 1
+    r = next(r for r in rows if r["run"] == "mutor_s0")
+    assert r["steps"] == 4 and r["splits"]["test"]["n"] == 4 and len(r["splits"]["test"]["per_example"]) == 4
+    comps = report.comparisons(rows)
+    assert [c["comparison"] for c in comps] == ["mutor - next_token"] and not comps[0]["beyond_2se"]
+
+    # resume: drop the finished summary and the row, as if the process had been killed after step 2
+    (mutor_dir / "summary.json").unlink()
+    import shutil
+
+    shutil.rmtree(mutor_dir / "checkpoint-4")
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows if x["run"] != "mutor_s0"))
+    again = _driver(plan)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "mutor_s0: resuming for 4 steps" in again.stdout
+    procs = [json.loads(x) for x in (tmp_path / "runs" / "tiny" / "mutor_s0.train.jsonl").read_text().splitlines()]
+    assert [p["resumed"] for p in procs] == [False, True]
+    assert report.load(tmp_path / "results.jsonl")[-1]["train_processes"] == 2
+
+
+def _row(method: str, seed: int, scores: list[float], losses: list[float]) -> dict:
+    return {"group": "g", "run": f"{method}_s{seed}", "method": method, "seed": seed, "tag": "", "epochs": 1,
+            "splits": {"test": {"per_example": scores, "answer_loss_per_example": losses}}}
+
+
+def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_three_seeds():
+    rows = []
+    for seed in range(3):
+        nt = [float(i % 2) for i in range(40)]
+        rows += [_row("next_token", seed, nt, [1.0 + 0.01 * i for i in range(40)]),
+                 _row("mutor", seed, [1.0] * 40, [0.9 + 0.01 * i + 0.001 * seed for i in range(40)])]
+    comps = {c["measure"]: c for c in report.comparisons(rows)}
+    em, loss = comps["exact match (points)"], comps["answer loss (nats)"]
+    assert em["mean"] == pytest.approx(50.0) and em["seeds"] == 3 and em["beyond_2se"]
+    assert loss["mean"] == pytest.approx(-0.099) and loss["beyond_2se"]
+    assert "better than next-token" in report.verdict([loss])
+    two = report.comparisons([r for r in rows if r["seed"] < 2])
+    assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
+
+
+def test_report_replaces_only_the_marked_block():
+    text = f"a\n{report.BEGIN}\nold\n{report.END}\nb\n"
+    assert report.replace_between(text, "new") == f"a\n{report.BEGIN}\nnew\n{report.END}\nb\n"
