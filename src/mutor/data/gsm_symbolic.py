@@ -29,7 +29,6 @@ run and ``mutor eval`` see the same test sets.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from random import Random
 from typing import Any, Optional
 
@@ -124,28 +123,15 @@ def gsm_symbolic_splits(num_train: int, num_validation: int, num_test: int, data
     return {"train": train, "validation": val, "test": test, "test_new_templates": new}
 
 
-def _run_data_options(model_path: Optional[str]) -> dict:
-    """The ``data`` block of the run a model directory came from, when it was a gsm_symbolic run."""
-    from ..io import yaml_load
-
-    if model_path is None:
-        return {}
-    p = Path(model_path)
-    for d in (p, p.parent, p.parent.parent):
-        f = d / "recipe.yaml"
-        if f.is_file():
-            data = (yaml_load(f.read_text(), str(f)) or {}).get("data") or {}
-            return data if data.get("task") == "gsm_symbolic" else {}
-    return {}
-
-
 def gsm_symbolic_examples(split: str, limit: Optional[int] = None, model_path: Optional[str] = None) -> list[dict]:
     """Evaluation rows of ``split`` (``test``, ``test_new_templates``, ``validation``) for ``mutor eval``.
 
     The split's size and seeds are the run's (its ``recipe.yaml`` data block) when ``model_path`` is
     a gsm_symbolic run, else the defaults; ``test`` and ``validation`` are built exactly as in
     training (the same exclusions)."""
-    opts = {**DEFAULTS, **{k: v for k, v in _run_data_options(model_path).items() if k in DEFAULTS}}
+    from .text import run_data_block
+
+    opts = {**DEFAULTS, **{k: v for k, v in run_data_block(model_path, "gsm_symbolic").items() if k in DEFAULTS}}
     seed, every, n_test = int(opts["data_seed"]), int(opts["heldout_every"]), int(opts["num_test"])
     if split not in ("validation", "test", "test_new_templates"):
         raise MutorUserError(f"gsm_symbolic evaluates on validation, test or test_new_templates (got {split!r})")
@@ -165,9 +151,7 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData
     """Options: ``num_train`` (2000), ``num_validation`` (100; the eval loss set and checkpoint selection),
     ``num_test`` (500 per test split), ``data_seed`` (0; not the run's seed), ``heldout_every`` (5),
     ``max_length`` (512 tokens; longer training examples are dropped), ``num_proc``."""
-    import datasets
-
-    from .text import need_tokenizer, pad_id_of, tokenize_pair
+    from .text import encode_pairs, need_tokenizer, pad_id_of
 
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
@@ -184,19 +168,12 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData
                                  o["heldout_every"])
     max_length = int(o["max_length"])
 
-    def encode(rows: list[dict]):
-        ds = datasets.Dataset.from_list(rows)
-        enc = ds.map(lambda ex: tokenize_pair(tokenizer, GSM_SYMBOLIC.prompt.format(**ex),
-                                              GSM_SYMBOLIC.completion.format(**ex)),
-                     remove_columns=ds.column_names, num_proc=o.get("num_proc"), desc="tokenizing")
-        kept = enc.filter(lambda ex: len(ex["input_ids"]) <= max_length)
-        return kept, len(enc) - len(kept)
-
-    train, dropped = encode(splits["train"])
+    train, dropped = encode_pairs(splits["train"], GSM_SYMBOLIC, tokenizer, max_length, o.get("num_proc"))
     if len(train) == 0:
         raise MutorUserError(f"gsm_symbolic: all {o['num_train']} training examples are longer than "
                              f"max_length={max_length} tokens; raise data.max_length")
-    eval_ds = encode(splits["validation"])[0] if splits["validation"] else None
+    eval_ds = (encode_pairs(splits["validation"], GSM_SYMBOLIC, tokenizer, max_length)[0]
+               if splits["validation"] else None)
     info = {"num_examples": len(train), "dropped_too_long": dropped, "max_length": max_length,
             "train_templates": len(template_ids("train", o["heldout_every"])),
             "heldout_templates": len(template_ids("test_new_templates", o["heldout_every"])),

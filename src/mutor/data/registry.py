@@ -59,6 +59,7 @@ _LAZY = {
     "samsum": "mutor.data.text",
     "dialogsum": "mutor.data.text",
     "gsm_symbolic": "mutor.data.gsm_symbolic",
+    "reasoning_gym": "mutor.data.reasoning_tasks",
     "star_graph": "mutor.data.star_graph",
     "digits": "mutor.image.data",
     "image_codes": "mutor.image.data",

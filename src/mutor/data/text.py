@@ -106,6 +106,38 @@ def tokenize_pair(tokenizer, prompt: str, completion: str) -> dict:
     return {"input_ids": p + c, "labels": [IGNORE_INDEX] * len(p) + c}
 
 
+def encode_pairs(rows: list[dict], template: TextTemplate, tokenizer, max_length: int,
+                 num_proc: Optional[int] = None):
+    """Generated rows (gsm_symbolic, reasoning_gym) rendered with ``template`` and tokenized; examples longer
+    than ``max_length`` dropped. Returns (dataset, number dropped)."""
+    import datasets
+
+    fields = sorted({k for r in rows for k in r if isinstance(r[k], str)})     # the template's text fields
+    ds = datasets.Dataset.from_list([{k: r[k] for k in fields} for r in rows])
+    enc = ds.map(lambda ex: tokenize_pair(tokenizer, template.prompt.format(**ex), template.completion.format(**ex)),
+                 remove_columns=ds.column_names, num_proc=num_proc, desc="tokenizing")
+    kept = enc.filter(lambda ex: len(ex["input_ids"]) <= max_length)
+    return kept, len(enc) - len(kept)
+
+
+def run_data_block(model_path: Optional[str], task: str) -> dict:
+    """The ``data`` block of the run a model directory (or a checkpoint inside it) came from, when that run
+    trained ``task``; else ``{}``. Generated tasks rebuild their evaluation splits from it."""
+    from pathlib import Path
+
+    from ..io import yaml_load
+
+    if model_path is None:
+        return {}
+    p = Path(model_path)
+    for d in (p, p.parent, p.parent.parent):
+        f = d / "recipe.yaml"
+        if f.is_file():
+            data = (yaml_load(f.read_text(), str(f)) or {}).get("data") or {}
+            return data if data.get("task") == task else {}
+    return {}
+
+
 def _finish(rows, tokenizer, render, max_length: int, limit: Optional[int], num_proc: Optional[int]):
     """Tokenize, drop examples longer than ``max_length``; return (dataset, n_before, n_dropped)."""
     if limit is not None:

@@ -43,6 +43,8 @@ class Benchmark:
     # generated data (gsm_symbolic): examples(split, limit, model_path) -> rows, instead of the Hub
     examples: Optional[Callable[..., list]] = None
     test_splits: tuple = ("test",)        # what is reported; with several, `mutor eval` scores each
+    # a scorer that needs the whole example (reasoning-gym's verifiers): score_example(generation, example)
+    score_example: Optional[Callable[[str, dict], dict]] = None
 
 
 def _verdict(correct: Callable[[str, str], bool]) -> Callable[[str, str], dict]:
@@ -80,6 +82,28 @@ def _gsm_symbolic_benchmark() -> Benchmark:
 
 
 register_benchmark("gsm_symbolic", _gsm_symbolic_benchmark())
+
+
+def _reasoning_gym_examples(split: str, limit: Optional[int], model_path: Optional[str]) -> list[dict]:
+    from ..data.reasoning_tasks import reasoning_gym_examples
+
+    return reasoning_gym_examples(split, limit, model_path)
+
+
+def _reasoning_gym_score(generation: str, example: dict) -> dict:
+    from ..data.reasoning_tasks import score
+
+    return score(generation, example)
+
+
+def _reasoning_gym_benchmark() -> Benchmark:
+    from ..data.reasoning_tasks import REASONING_GYM
+
+    return Benchmark(REASONING_GYM, lambda g, r: {}, lambda g: g.strip(), "accuracy",
+                     examples=_reasoning_gym_examples, score_example=_reasoning_gym_score)
+
+
+register_benchmark("reasoning_gym", _reasoning_gym_benchmark())
 
 
 def get_benchmark(name: str) -> Benchmark:
@@ -183,10 +207,11 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
         ids = [tok(p, add_special_tokens=True)["input_ids"] for p in chunk]
         gens = decode(ids, n_new, tok.eos_token_id) if decode is not None else greedy_generate(
             model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, prefix_attention=mode)
-        for prompt, ref, g in zip(chunk, refs[i:i + batch_size], gens):
+        for ex, prompt, ref, g in zip(examples[i:i + batch_size], chunk, refs[i:i + batch_size], gens):
             text = tok.decode(g, skip_special_tokens=True)
+            scores = benchmark.score_example(text, ex) if benchmark.score_example else benchmark.score(text, ref)
             rows.append({"prompt": prompt, "generation": text, "reference": ref,
-                         "extracted": benchmark.extract(text), **benchmark.score(text, ref)})
+                         "extracted": benchmark.extract(text), **scores})
         bar.update(len(chunk))
     bar.close()
     keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
