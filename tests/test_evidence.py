@@ -24,7 +24,7 @@ def test_shipped_plan_resolves_to_valid_recipes():
     assert runs and len({r.key for r in runs}) == len(runs)
     for r in runs:
         g = r.group
-        recipe = load_recipe(g["recipe"], [*g.get("overrides", []), f"training.max_steps={r.steps}",
+        recipe = load_recipe(g["recipe"], [*g.get("overrides", []), *r.overrides, f"training.max_steps={r.steps}",
                                            f"training.save_steps={g['save_every']}", f"method=[{r.method}]"])
         assert recipe.training["max_steps"] == r.steps
     methods = {(r.method, r.seed) for r in runs if not r.tag}

@@ -51,6 +51,7 @@ class Run:
     seed: int
     epochs: int
     tag: str = ""
+    overrides: list = field(default_factory=list)      # after the group's (e.g. a pilot's task choice)
 
     @property
     def name(self) -> str:
@@ -75,7 +76,8 @@ def load_plan(path: Path) -> tuple[dict, list[Run]]:
         for missing in {"name", "recipe", "epochs", "steps_per_epoch", "runs", "eval"} - set(g):
             raise SystemExit(f"{path}: group {g.get('name', '?')!r} has no {missing!r}")
         for r in g["runs"]:
-            run = Run(g, r["method"], int(r["seed"]), int(r.get("epochs", g["epochs"])), r.get("tag", ""))
+            run = Run(g, r["method"], int(r["seed"]), int(r.get("epochs", g["epochs"])), r.get("tag", ""),
+                      list(r.get("overrides", [])))
             if run.key in seen:
                 raise SystemExit(f"{path}: run {run.key} is declared twice")
             seen.add(run.key)
@@ -162,7 +164,7 @@ class Driver:
             shutil.rmtree(d)                     # killed before its first checkpoint: nothing to resume
         g, t = run.group, self.args.threads
         cmd = ["mutor", "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
-               *g.get("overrides", []), f"training.max_steps={run.steps}",
+               *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",
                f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}", "training.save_total_limit=null",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
         self.log(run, ("resuming" if has_ck else "training") + f" for {run.steps} steps")
@@ -226,7 +228,7 @@ class Driver:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed,
                 "epochs": run.epochs, "tag": run.tag, "steps": s["global_step"], "recipe": run.group["recipe"],
-                "overrides": run.group.get("overrides", []), "task": ev["task"],
+                "overrides": run.group.get("overrides", []) + run.overrides, "task": ev["task"],
                 "selected_checkpoint": ev["selected_checkpoint"], "selection": ev["selection"],
                 "per_checkpoint": ev["per_checkpoint"], "primary": ev["primary"], "splits": splits,
                 "train_ntp_loss_last": round(sum(last) / len(last), 4) if last else None,
