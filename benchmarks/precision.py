@@ -21,7 +21,7 @@ Besides time, one extra forward records the MiB of activations autograd saves fo
 storages other than the weights; ``benchmarks.step_time.saved_tensor_mb``): under bf16 weights with float32
 adapters, peft saves a float32 copy of every adapted layer's input next to the bf16 one.
 
-Every case builds its model afresh in this process (same seed), runs ``--warmup`` untimed steps, then
+Every case builds its model afresh in a process of its own (same seed; ``--in-process`` for smoke runs), runs ``--warmup`` untimed steps, then
 ``--steps`` timed ones; the median is reported, and its ratio to the fp32 next-token step. Cases run in
 the order precision-major; ``--rounds 2`` repeats the whole grid in reverse order and takes the median of
 both, so a machine whose load drifts favours no case.
@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Optional
 
 import torch
@@ -96,6 +98,16 @@ def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, ste
             "first_loss": losses[0], "saved_mb": round(saved, 1)}
 
 
+def _isolated_case(recipe: str, overrides: list[str], threads: Optional[int], method: str, precision: str,
+                   warmup: int, steps: int) -> dict:
+    """One case in a fresh process: its memory is returned when it ends, and no case's allocations or
+    warm caches reach the next (in one process a 135M model per case exhausted 24 GB after six cases)."""
+    if threads:
+        torch.set_num_threads(threads)
+    r, task, tok, batch = _setup(recipe, overrides)
+    return time_case(r, task, tok, batch, method, precision, warmup, steps)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="real/smollm2-135m-gsm-symbolic")
@@ -107,6 +119,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--in-process", action="store_true",
+                   help="run every case in this process (fast start, for smoke runs; memory grows case by case)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -115,7 +129,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     results: dict = {}
     for k in range(a.rounds):
         for pr, m in (grid if k % 2 == 0 else grid[::-1]):
-            res = time_case(r, task, tok, batch, m, pr, a.warmup, a.steps)
+            if a.in_process:
+                res = time_case(r, task, tok, batch, m, pr, a.warmup, a.steps)
+            else:
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    res = pool.submit(_isolated_case, a.recipe, a.set, a.threads, m, pr, a.warmup, a.steps).result()
             results.setdefault((pr, m), []).append(res)
             print(f"round {k}: {pr:8s} {m:12s} {res['median_s']:.2f} s/step (first loss {res['first_loss']:.4f})",
                   flush=True)

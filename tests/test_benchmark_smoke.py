@@ -84,7 +84,7 @@ def test_precision_benchmark_runs_every_case_on_a_tiny_recipe(tmp_path):
 
     out = tmp_path / "p.json"
     precision.main(["--recipe", "tiny/gsm8k", "--steps", "1", "--warmup", "0", "--threads", "1",
-                    "--json-out", str(out)])
+                    "--json-out", str(out), "--in-process"])
     rows = json.loads(out.read_text())["rows"]
     assert {(r["precision"], r["method"]) for r in rows} == {(p, m) for p in precision.PRECISIONS
                                                              for m in precision.METHODS}

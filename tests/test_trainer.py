@@ -486,3 +486,38 @@ def test_missing_column_and_empty_data_fail_before_training(tmp_path):
         run_recipe(dict(RECIPE, data={**RECIPE["data"], "max_length": 20},
                         training={**RECIPE["training"], "output_dir": str(tmp_path / "b")}), quiet=True)
     assert not (tmp_path / "a" / "checkpoint-3").exists()
+
+
+def test_gradient_checkpointing_under_trainer_and_trl_names_raises_no_deprecation_warning(tmp_path):
+    """Trainer asks for activation_checkpointing_enable, TRL and peft for gradient_checkpointing_* and
+    is_gradient_checkpointing: the wrapper answers all of them, and LoRA wrapping, without transformers'
+    v6 deprecation warnings, and checkpointing is really on during training."""
+    import warnings
+
+    from mutor.build import apply_lora
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = MuToRModel(apply_lora(tiny_causal_lm(259, seed=0), {"r": 4, "target_modules": "all-linear"}),
+                           MuToRConfig(d_max=3, seed=0))
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert model.is_gradient_checkpointing and model.is_activation_checkpointing
+        model.gradient_checkpointing_disable()
+        assert not model.is_gradient_checkpointing
+        trainer = MuToRTrainer(model=model, args=_args(tmp_path, activation_checkpointing=True,
+                                                       activation_checkpointing_kwargs={"use_reentrant": False}),
+                               train_dataset=[{k: v for k, v in ex.items() if k != "offset_index"}
+                                              for ex in _examples()], data_collator=PaddingCollator())
+        trainer.train()
+        assert model.is_activation_checkpointing
+
+
+def test_recipes_gradient_checkpointing_key_reaches_trainer_by_its_current_name(tmp_path):
+    import warnings
+
+    from mutor.build import training_arguments
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = training_arguments(load_recipe("llama-3-8b/gsm8k"), tmp_path)
+    assert args.gradient_checkpointing is True

@@ -7,13 +7,15 @@ built from a config), and every adapter of the run records where its base is.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from .data.registry import TrainingData
-from .errors import MutorUserError, from_pretrained
+from .errors import MutorUserError, from_pretrained, peft_quietly
 from .recipe import Recipe
 
 __all__ = ["build_tokenizer", "build_base_model", "wrap_for_method", "apply_lora", "training_arguments",
@@ -137,7 +139,8 @@ def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
     cfg = dict(lora)
     cfg.setdefault("task_type", "CAUSAL_LM")
     try:
-        return get_peft_model(base, LoraConfig(**cfg))
+        with peft_quietly():
+            return get_peft_model(base, LoraConfig(**cfg))
     except (TypeError, ValueError) as err:
         raise MutorUserError(f"recipe lora: {err}") from None
 
@@ -152,6 +155,11 @@ def training_arguments(recipe: Recipe, output_dir: Path):
     args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
     if args.get("bf16") and not torch.cuda.is_available():
         args.setdefault("use_cpu", True)        # Trainer's bf16 autocast runs on a CPU only when told use_cpu
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if old in args and new in fields and new not in args:   # the recipes' key, by its current name
+            args[new] = args.pop(old)
     try:
         return TrainingArguments(**args)
     except (TypeError, ValueError) as err:

@@ -18,7 +18,9 @@ What is unusual here:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -112,6 +114,15 @@ def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", *,
         raise
 
 
+@contextlib.contextmanager
+def peft_quietly():
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model, which warns
+    (removed in transformers v6) on every LoRA run; that one warning, and only it, is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def load_peft_model(adapter_dir, is_trainable: bool = False, **model_kwargs: Any):
     """A ``PeftModel`` for ``adapter_dir`` on its recorded base (:func:`mutor.io.lora_base_dir`)."""
     from peft import PeftModel
@@ -126,4 +137,5 @@ def load_peft_model(adapter_dir, is_trainable: bool = False, **model_kwargs: Any
                              "PeftModel.from_pretrained(base, adapter_dir)")
     base = from_pretrained(AutoModelForCausalLM.from_pretrained, str(base_dir), "the adapter's base model",
                            **model_kwargs)
-    return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=is_trainable)
+    with peft_quietly():
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=is_trainable)

@@ -321,11 +321,35 @@ class TrainingWrapper(nn.Module):
         """Plain generation with the base model: nothing the method adds plays a part at inference."""
         return self.base_model.generate(*args, **kwargs)
 
-    def gradient_checkpointing_enable(self, **kwargs) -> None:
-        self.base_model.gradient_checkpointing_enable(**kwargs)
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs) -> None:
+        """Recompute the base model's activations in backward (Trainer's ``gradient_checkpointing``)."""
+        base = self.base_model
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                                                 **kwargs)
+        else:                                          # transformers before the rename
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        base = self.base_model
+        if hasattr(base, "activation_checkpointing_disable"):
+            base.activation_checkpointing_disable()
+        else:
+            base.gradient_checkpointing_disable()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs) -> None:
+        """TRL's and peft's name for :meth:`activation_checkpointing_enable` (no deprecation warning)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        self.base_model.gradient_checkpointing_disable()
+        self.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        """Whether the base model recomputes activations (what Trainer and TRL ask; no deprecated alias)."""
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.base_model.modules())
+
+    is_gradient_checkpointing = is_activation_checkpointing   # TRL's name for it, answered without a warning
 
     def get_input_embeddings(self) -> nn.Module:
         return self.base_model.get_input_embeddings()
