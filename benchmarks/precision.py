@@ -108,6 +108,23 @@ def _isolated_case(recipe: str, overrides: list[str], threads: Optional[int], me
     return time_case(r, task, tok, batch, method, precision, warmup, steps)
 
 
+def table(rows: list[dict]) -> str:
+    """The Markdown table of benchmarks/RESULTS.md: each case against the same method in fp32 and fp32 next-token."""
+    med = {(x["precision"], x["method"]): x["median_s"] for x in rows}
+    ref = med.get(("fp32", "next_token"))
+
+    def ratio(v: float, base: Optional[float]) -> str:
+        return f"{v / base:.2f}x" if base else "-"
+
+    out = ["| precision | method | s / step | vs the same method in fp32 | vs fp32 next-token | saved activations MiB "
+           "| first loss |", "|---|---|---:|---:|---:|---:|---:|"]
+    for x in rows:
+        s = x["median_s"]
+        out.append(f"| {x['precision']} | {x['method']} | {s:.2f} | {ratio(s, med.get(('fp32', x['method'])))} | "
+                   f"{ratio(s, ref)} | {x['saved_mb']:.0f} | {x['first_loss']:.4f} |")
+    return "\n".join(out)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="real/smollm2-135m-gsm-symbolic")
@@ -119,9 +136,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--table-from", default=None, metavar="JSON",
+                   help="print the table of a saved --json-out file and exit")
     p.add_argument("--in-process", action="store_true",
                    help="run every case in this process (fast start, for smoke runs; memory grows case by case)")
     a = p.parse_args(argv)
+    if a.table_from:
+        with open(a.table_from) as f:
+            print(table(json.load(f)["rows"]))
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     r, task, tok, batch = _setup(a.recipe, a.set)
@@ -142,13 +165,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         secs = [s for x in rs for s in x["seconds"]]
         rows.append({"precision": pr, "method": m, "median_s": statistics.median(secs), "seconds": secs,
                      "first_loss": rs[0]["first_loss"], "saved_mb": rs[0]["saved_mb"]})
-    ref = next((x["median_s"] for x in rows if x["precision"] == "fp32" and x["method"] == "next_token"), None)
-    print("\n| precision | method | s / step | vs fp32 next-token | saved activations MiB | first loss |\n"
-          "|---|---|---:|---:|---:|---:|")
-    for x in rows:
-        rel = f"{x['median_s'] / ref:.2f}x" if ref else "-"
-        print(f"| {x['precision']} | {x['method']} | {x['median_s']:.2f} | {rel} | {x['saved_mb']:.0f} | "
-              f"{x['first_loss']:.4f} |")
+    print("\n" + table(rows))
     if a.json_out:
         info = {"recipe": a.recipe, "overrides": a.set, "threads": torch.get_num_threads(), "warmup": a.warmup,
                 "steps": a.steps, "rounds": a.rounds, "batch_shape": list(batch["input_ids"].shape),

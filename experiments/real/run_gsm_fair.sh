@@ -6,6 +6,7 @@
 #     PRECISION: bf16     bf16 base weights (LoRA adapters and mutor's own parameters keep fp32 weights)
 #                fp32     float32 throughout
 #                autocast float32 weights, bf16 autocast (TrainingArguments bf16=true)
+#                bf16ac   bf16 base weights and bf16 autocast (the adapters' products in bf16 too)
 #     CLIP:      separate (default: the model's gradient and mutor's own are clipped each on its own) | joint
 # Every step is logged (grad_norm, reg_grad_norm, losses): the clipped fraction and the loss curves come
 # from summary.json's train_history. Evaluation is in float32 for every run, as before (run_gsm.sh).
@@ -23,6 +24,7 @@ case $P in
   bf16) PREC="model.dtype=bfloat16" ;;
   fp32) PREC="model.dtype=float32" ;;
   autocast) PREC="model.dtype=float32 training.bf16=true" ;;
+  bf16ac) PREC="model.dtype=bfloat16 training.bf16=true" ;;
   *) echo "unknown precision $P" >&2; exit 2 ;;
 esac
 CLIPARG=""
