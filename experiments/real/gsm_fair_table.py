@@ -143,9 +143,10 @@ def paired(rows: list[dict], losses: dict) -> str:
         sep, joint = runs.get(("mutor", sd, "bf16", "separate")), runs.get(("mutor", sd, "bf16", "joint"))
         if sep and joint:
             pairs.append(("mutor separate - mutor joint", sd, sep, joint))
-        bf, fp = runs.get(("next_token", sd, "bf16", "separate")), runs.get(("next_token", sd, "fp32", "separate"))
-        if bf and fp:
-            pairs.append(("next_token bf16 - fp32", sd, bf, fp))
+        for prec in ("bf16", "bf16ac"):
+            bf, fp = runs.get(("next_token", sd, prec, "separate")), runs.get(("next_token", sd, "fp32", "separate"))
+            if bf and fp:
+                pairs.append((f"next_token {prec} - fp32", sd, bf, fp))
     nt0, nt1 = runs.get(("next_token", 0, "bf16", "separate")), runs.get(("next_token", 1, "bf16", "separate"))
     if nt0 and nt1:
         pairs.append(("next_token seed 1 - seed 0 (bf16)", "1-0", nt1, nt0))
@@ -191,7 +192,7 @@ def curves(runs: Path, path: str) -> str:
 
     series = {}
     for name in ("next_token_s0_fp32_separate", "next_token_s0_bf16_separate", "next_token_s1_bf16_separate",
-                 "next_token_s0_autocast_separate"):
+                 "next_token_s0_autocast_separate", "next_token_s0_bf16ac_separate"):
         f = runs / name / "summary.json"
         if f.is_file():
             series[name] = _per_step(json.loads(f.read_text()), "loss")
@@ -204,24 +205,28 @@ def curves(runs: Path, path: str) -> str:
     ax[0].legend(fontsize=8)
     ax[0].grid(alpha=0.3)
     lines = []
-    fp, bf = series.get("next_token_s0_fp32_separate"), series.get("next_token_s0_bf16_separate")
-    if fp and bf:
-        common = sorted(set(fp) & set(bf))
-        d = [bf[s] - fp[s] for s in common]
-        ax[1].plot(common, d, lw=1, label="bf16 - fp32, seed 0 (same batches)")
+    fp = series.get("next_token_s0_fp32_separate")
+    for prec in ("bf16", "autocast", "bf16ac"):
+        other = series.get(f"next_token_s0_{prec}_separate")
+        if not (fp and other):
+            continue
+        common = sorted(set(fp) & set(other))
+        d = [other[s] - fp[s] for s in common]
+        ax[1].plot(common, d, lw=1, label=f"{prec} - fp32, seed 0 (same batches)")
         rel = [abs(x) / fp[s] for x, s in zip(d, common)]
-        lines.append(f"bf16 - fp32 (seed 0, same batches, {len(common)} steps): mean {sum(d) / len(d):+.4f}, "
+        lines.append(f"{prec} - fp32 (seed 0, same batches, {len(common)} steps): mean {sum(d) / len(d):+.4f}, "
                      f"mean |diff| {sum(abs(x) for x in d) / len(d):.4f} ({100 * sum(rel) / len(rel):.2f} % of the "
                      f"loss), largest |diff| {max(abs(x) for x in d):.4f}")
         last = [s for s in common if s > max(common) - 25]
-        lines.append(f"last 25 steps: fp32 {sum(fp[s] for s in last) / len(last):.4f}, "
-                     f"bf16 {sum(bf[s] for s in last) / len(last):.4f}")
+        lines.append(f"  last 25 steps: fp32 {sum(fp[s] for s in last) / len(last):.4f}, "
+                     f"{prec} {sum(other[s] for s in last) / len(last):.4f}")
     ax[1].axhline(0, color="k", lw=0.5)
     ax[1].set_xlabel("step")
     ax[1].set_ylabel("loss difference")
     ax[1].legend(fontsize=8)
     ax[1].grid(alpha=0.3)
-    fig.suptitle("SmolLM2-135M LoRA r=32, gsm_symbolic: next-token training loss, fp32 vs bf16 weights", fontsize=10)
+    fig.suptitle("SmolLM2-135M LoRA r=32, gsm_symbolic: next-token training loss, fp32 vs bf16 "
+                 "(weights; weights + autocast)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return "\n".join(lines)
