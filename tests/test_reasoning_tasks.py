@@ -16,6 +16,7 @@ from mutor.errors import MutorUserError  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
 
 OPTS = {"dataset": "word_sorting", "num_train": 40, "num_validation": 10, "num_test": 20}
+BIG = {"dataset": "word_sorting", "num_train": 300, "num_validation": 50, "num_test": 300}
 
 
 def test_splits_are_deterministic_and_no_evaluated_question_is_trained_on():
@@ -24,6 +25,9 @@ def test_splits_are_deterministic_and_no_evaluated_question_is_trained_on():
     assert {k: len(v) for k, v in a.items()} == {"train": 40, "validation": 10, "test": 20}
     q = {k: {r["question"] for r in v} for k, v in a.items()}
     assert not q["train"] & q["test"] and not q["train"] & q["validation"] and not q["validation"] & q["test"]
+    big = make_splits(BIG)                      # splits of the pilot's sizes are disjoint draws, not shifted copies
+    assert {k: len(v) for k, v in big.items()} == {"train": 300, "validation": 50, "test": 300}
+    assert all(r["index"] == i for rows in big.values() for i, r in enumerate(rows))   # nothing had to be skipped
     other = make_splits({**OPTS, "data_seed": 1})
     assert [r["question"] for r in other["test"]] != [r["question"] for r in a["test"]]
 

@@ -9,7 +9,8 @@ scores each answer with the task's verifier: ``accuracy`` is the share it scores
 its mean (some tasks give partial credit).
 
 What is unusual: the data is a pure function of ``(dataset, config, data_seed)``. Each split is its own
-reasoning-gym dataset with a seed derived from ``data_seed`` and the split; ``test`` is drawn first,
+reasoning-gym dataset with a seed derived from ``data_seed`` and the split (a million apart: reasoning-gym
+seeds item ``i`` with ``seed + i``, so nearby seeds would give shifted copies of one another); ``test`` is drawn first,
 then ``validation`` without its questions, then ``train`` without either (small problem spaces repeat
 items), so no evaluated question is trained on. ``mutor eval`` rebuilds the splits from the run's
 ``recipe.yaml``, exactly as training drew them.
@@ -37,7 +38,9 @@ REASONING_GYM = TextTemplate(
 DEFAULTS = {"dataset": None, "config": {}, "num_train": 2000, "num_validation": 100, "num_test": 300,
             "data_seed": 0, "max_length": 512}
 _OPTIONS = set(DEFAULTS) | {"num_proc"}
-_SPLIT_SEED = {"test": 1, "validation": 2, "train": 3}
+# reasoning-gym draws item i of a dataset from Random(seed + i): splits seeded 1, 2, 3 would share almost
+# every item. Each split gets its own range of a million seeds.
+_SPLIT_SEED = {"test": 1_000_000, "validation": 2_000_000, "train": 3_000_000}
 
 
 def _check(options: dict) -> dict:
@@ -70,7 +73,7 @@ def _dataset(o: dict, split: str, size: int):
     import reasoning_gym
 
     try:
-        return reasoning_gym.create_dataset(o["dataset"], seed=1000 * o["data_seed"] + _SPLIT_SEED[split],
+        return reasoning_gym.create_dataset(o["dataset"], seed=10_000_000 * o["data_seed"] + _SPLIT_SEED[split],
                                             size=size, **o["config"])
     except (TypeError, ValueError, AssertionError) as err:
         raise MutorUserError(f"reasoning-gym {o['dataset']} refuses data.config {o['config']!r}: {err}") from None
