@@ -284,6 +284,8 @@ def _worker(argv: list[str]) -> None:
                              for h in trainer.state.log_history if "loss" in h}
     if trainer.args.should_save:
         (Path(a.out) / "fsdp_info.json").write_text(json.dumps(info))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

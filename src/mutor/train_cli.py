@@ -34,7 +34,19 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"training.output_dir={args.output_dir}")
     if args.resume and args.overwrite:
         raise SystemExit("mutor train: --resume and --overwrite exclude each other")
-    result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    try:
+        result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    finally:
+        _leave_process_group()
     if not args.quiet:
         print(f"[mutor train] results in {result['output_dir']}")
     return 0
+
+
+def _leave_process_group() -> None:
+    """Under torchrun, end the process group before the process ends: left to interpreter exit, a resumed
+    2-process FSDP run aborted there (after saving) whenever DeepSpeed was installed beside it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
