@@ -129,3 +129,12 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
 def test_report_replaces_only_the_marked_block():
     text = f"a\n{report.BEGIN}\nold\n{report.END}\nb\n"
     assert report.replace_between(text, "new") == f"a\n{report.BEGIN}\nnew\n{report.END}\nb\n"
+
+
+def test_an_evaluation_counts_as_done_only_with_every_test_split(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"split": "test"}))
+    assert driver._evaluated(tmp_path, "gsm8k")                      # one test split
+    assert not driver._evaluated(tmp_path, "gsm_symbolic")           # test_new_templates still missing
+    (tmp_path / "summary.json").write_text(json.dumps({"split": "test", "other_splits": {"test_new_templates": {}}}))
+    assert driver._evaluated(tmp_path, "gsm_symbolic")
+    assert not driver._evaluated(tmp_path / "nothing", "gsm8k")

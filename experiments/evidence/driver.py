@@ -123,6 +123,16 @@ def claim(lock: Path) -> bool:
     return False
 
 
+def _evaluated(out: Path, task: str) -> bool:
+    """Whether ``mutor eval --checkpoints`` finished: its summary, with every further test split of the task."""
+    from mutor.eval.harness import get_benchmark
+
+    f = out / "summary.json"
+    if not f.is_file():
+        return False
+    return set(get_benchmark(task).test_splits[1:]) <= set(json.loads(f.read_text()).get("other_splits", {}))
+
+
 # ----------------------------------------------------------------------------- stages
 class Driver:
     def __init__(self, plan: dict, args: argparse.Namespace):
@@ -183,7 +193,7 @@ class Driver:
     def evaluate(self, run: Run, d: Path) -> dict:
         e = run.group["eval"]
         out = d / "eval" / e["task"]
-        if not (out / "summary.json").is_file() or "other_splits" not in json.loads((out / "summary.json").read_text()):
+        if not _evaluated(out, e["task"]):
             cmd = ["mutor", "eval", "--task", e["task"], "--checkpoints", str(d), "--output-dir", str(out),
                    "--batch-size", str(e.get("batch_size", 8)), "--quiet"]
             cmd += ["--limit", str(e["limit"])] if e.get("limit") else []
