@@ -97,3 +97,24 @@ def test_mutor_eval_scores_with_the_verifier_and_selects_on_validation(tmp_path)
     gens = [json.loads(x) for x in (tmp_path / "eval" / "reasoning_gym" / res["selected_checkpoint"] / "test" /
                                     "generations.jsonl").read_text().splitlines()]
     assert len(gens) == 3 and all({"accuracy", "score"} <= set(g) for g in gens)
+
+
+def test_an_item_the_generator_fails_on_is_skipped(monkeypatch):
+    """reasoning-gym's maze raises RuntimeError on some seeds: such an item is skipped, not fatal."""
+    import reasoning_gym
+
+    real = reasoning_gym.create_dataset
+
+    class Flaky:
+        def __init__(self, ds):
+            self.ds = ds
+
+        def __getitem__(self, i):
+            if i % 3 == 1:
+                raise RuntimeError("Could not find suitable path cell after 1000 attempts")
+            return self.ds[i]
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", lambda *a, **kw: Flaky(real(*a, **kw)))
+    rows = make_splits({**OPTS, "num_train": 5, "num_validation": 3, "num_test": 4})
+    assert [len(rows[k]) for k in ("train", "validation", "test")] == [5, 3, 4]
+    assert all(r["index"] % 3 != 1 for split in rows.values() for r in split)
