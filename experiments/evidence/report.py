@@ -155,8 +155,12 @@ def markdown(rows: list[dict]) -> str:
         g = [r for r in rows if r["group"] == group]
         parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g)}")
     comps = comparisons(rows)
+    if not comps:
+        parts.append("No paired comparison yet: no run of another method has a next-token run of the same group "
+                     "and seed beside it.")
+        return "\n\n".join(parts)
     parts.append("Paired differences against next-token (same seed, same held-out examples):\n\n" + comparison_table(comps))
-    parts.append("Verdict, generated from the rows:\n\n" + (verdict(comps) or "- no comparison yet"))
+    parts.append("Verdict, generated from the rows:\n\n" + verdict(comps))
     return "\n\n".join(parts)
 
 
