@@ -176,6 +176,10 @@ class StarGraphDataset(torch.utils.data.Dataset):
         prompt, answer = ex.prompt_ids(), ex.answer_ids()
         return {"input_ids": prompt + answer, "labels": [IGNORE_INDEX] * len(prompt) + answer}
 
+    def evaluator_for(self, examples: Sequence[Example], batch_size: int = 256):
+        """An evaluator ``(model, step) -> metrics`` on ``examples`` (what ``--source`` swaps in)."""
+        return lambda model, step: evaluate(model, examples, batch_size=batch_size)
+
 
 @torch.no_grad()
 def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
@@ -231,13 +235,15 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
             "ntp_loss": loss_sum / max(n_tok, 1), "a1_loss": a1_sum / n, "num_eval": n}
 
 
-_OPTIONS = {"degree", "path_len", "num_nodes", "num_train", "num_test", "eval_batch_size", "data_seed"}
+_OPTIONS = {"degree", "path_len", "num_nodes", "num_train", "num_test", "eval_batch_size", "data_seed", "render"}
 
 
 @register_task("star_graph")
 def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
     """Options: ``degree``, ``path_len``, ``num_nodes`` (the graph family), ``num_train`` (distinct training
-    graphs), ``num_test`` (held-out graphs), ``eval_batch_size``, ``data_seed`` (default: the run's seed)."""
+    graphs), ``num_test`` (held-out graphs), ``eval_batch_size``, ``data_seed`` (default: the run's seed),
+    ``render``: ``ids`` (each node one new token, a vocabulary of its own; the default) or ``text`` (the line
+    format as text for a pretrained model's tokenizer: :mod:`mutor.data.star_graph_text`)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ValueError(f"star_graph: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
@@ -246,6 +252,11 @@ def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
     if num_train < 1 or num_test < 1:
         raise ValueError(f"star_graph: num_train and num_test must be >= 1 (got {num_train}, {num_test})")
     train, test = split_examples(shape, num_train, num_test, int(options.get("data_seed", seed)))
+    render = options.get("render", "ids")
+    if render not in ("ids", "text"):
+        raise ValueError(f"star_graph: render must be 'ids' or 'text' (got {render!r})")
+    if render == "text":
+        return _text_task(shape, train, test, tokenizer, int(options.get("eval_batch_size", 64)))
     batch_size = int(options.get("eval_batch_size", 256))
 
     def evaluator(model, step: int) -> dict:
@@ -256,3 +267,20 @@ def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
                         primary_metric="solve_rate",
                         info={"task": f"G({shape.degree},{shape.path_len}) over {shape.num_nodes} nodes",
                               "num_train": len(train), "num_test": len(test), "example": test[0].text()})
+
+
+def _text_task(shape: StarGraphShape, train: list[Example], test: list[Example], tokenizer,
+               batch_size: int) -> TrainingData:
+    """``render: text``: the same graphs as text, tokenized by the model's own tokenizer."""
+    from .star_graph_text import TextStarGraphDataset, render
+    from .text import need_tokenizer, pad_id_of
+
+    need_tokenizer(tokenizer, "star_graph (render: text)")
+    data = TextStarGraphDataset(train, tokenizer)
+    longest = max(len(f["input_ids"]) for f in data.features)
+    return TrainingData(train_dataset=data, pad_token_id=pad_id_of(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                        bos_token_id=tokenizer.bos_token_id, max_length=longest,
+                        evaluator=data.evaluator_for(test, batch_size), primary_metric="solve_rate",
+                        info={"task": f"G({shape.degree},{shape.path_len}) over {shape.num_nodes} nodes, as text",
+                              "num_train": len(train), "num_test": len(test), "longest_tokens": longest,
+                              "example": "".join(render(test[0]))})

@@ -363,7 +363,12 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
         use = f"--task {name}" if name in BENCHMARKS else f"--task with one of {sorted(BENCHMARKS)}"
         raise MutorUserError(f"{model_path} is a run of the text task {name!r}, not of a synthetic task "
                              f"(--task run is for star_graph, digits, image_codes): use {use}")
-    training_data = build_training_data(name, {**data, **(overrides or {})}, None, int(r.get("seed", 0)))
+    tokenizer = None
+    if data.get("render") == "text":              # graphs as text: the run's own tokenizer renders them
+        from transformers import AutoTokenizer
+
+        tokenizer = from_pretrained(AutoTokenizer.from_pretrained, str(p), "tokenizer", is_model=False)
+    training_data = build_training_data(name, {**data, **(overrides or {})}, tokenizer, int(r.get("seed", 0)))
     if training_data.evaluator is None:
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(BENCHMARKS)} for text benchmarks")
     if source is not None:                 # test graphs from an independent generator, same evaluator
@@ -398,13 +403,13 @@ def _with_source(training_data, name: str, source: str, options: dict):
         raise MutorUserError(f"--source {source!r}: only 'path_star' (reasoning-gym's graphs) for star_graph runs "
                              f"(this run's task is {name!r})")
     from ..data.path_star import path_star_examples
-    from ..data.star_graph import StarGraphShape, evaluate
+    from ..data.star_graph import StarGraphShape
 
     shape = StarGraphShape.from_options(options)
     train_keys = {ex.key for ex in training_data.train_dataset.examples}
     examples = path_star_examples(shape, int(options.get("num_test", 500)), seed=0,
                                   exclude=train_keys)
-    batch_size = int(options.get("eval_batch_size", 256))
+    batch_size = int(options.get("eval_batch_size", 64 if options.get("render") == "text" else 256))
     return dataclasses.replace(training_data,
-                               evaluator=lambda model, step: evaluate(model, examples, batch_size=batch_size),
+                               evaluator=training_data.train_dataset.evaluator_for(examples, batch_size),
                                info={**training_data.info, "source": source, "num_test": len(examples)})
