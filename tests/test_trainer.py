@@ -226,7 +226,9 @@ def test_resume_continues_exactly(tmp_path, method):
     a, b = tmp_path / "a", tmp_path / "b"
     run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(a)}), quiet=True)
     b.mkdir()
-    shutil.copytree(a / "checkpoint-3", b / "checkpoint-3")      # all an interrupted run would have left
+    shutil.copytree(a / "checkpoint-3", b / "checkpoint-3")      # all an interrupted run would have left,
+    shutil.copytree(a / "checkpoint-6", b / "checkpoint-6")      # and a checkpoint killed while being saved:
+    (b / "checkpoint-6" / "trainer_state.json").unlink()          # Trainer writes trainer_state.json last
     out = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
                      quiet=True, resume=True)
     assert out["runs"][0]["resumed_from"].endswith("checkpoint-3") and out["runs"][0]["global_step"] == 6

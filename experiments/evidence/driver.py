@@ -39,6 +39,7 @@ from pathlib import Path
 
 from mutor.errors import MutorUserError
 from mutor.io import yaml_load
+from mutor.train import last_checkpoint
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -169,9 +170,9 @@ class Driver:
         summary = d / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("finished"):
             return
-        has_ck = any(re.fullmatch(r"checkpoint-\d+", p.name) for p in d.glob("checkpoint-*"))
+        has_ck = d.is_dir() and last_checkpoint(d) is not None    # complete ones only (mutor.train)
         if d.exists() and not has_ck:
-            shutil.rmtree(d)                     # killed before its first checkpoint: nothing to resume
+            shutil.rmtree(d)                     # killed before its first complete checkpoint: nothing to resume
         g, t = run.group, self.args.threads
         cmd = ["mutor", "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
                *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -79,12 +80,18 @@ def _is_mutor_run(root: Path) -> bool:
                                                           if d.is_dir())
 
 
+def last_checkpoint(out: Union[str, Path]) -> Optional[str]:
+    """The newest *complete* ``checkpoint-<step>`` in ``out``: Trainer writes ``trainer_state.json`` last, so a
+    process killed while saving leaves a newer directory without it, which resuming from would fail on."""
+    ck = [d for d in Path(out).glob("checkpoint-*") if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name)]
+    done = [d for d in ck if (d / "trainer_state.json").is_file()]
+    return str(max(done, key=lambda d: int(d.name.split("-")[1]))) if done else None
+
+
 def _has_run(root: Path, methods: list[str]) -> bool:
     """Whether ``root`` holds something ``--resume`` can continue: a mutor run's files or a Trainer checkpoint."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     dirs = {root} | {_method_dir(root, methods, m) for m in methods}
-    return _is_mutor_run(root) or any(d.is_dir() and get_last_checkpoint(str(d)) for d in dirs)
+    return _is_mutor_run(root) or any(d.is_dir() and last_checkpoint(str(d)) for d in dirs)
 
 
 def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None:
@@ -122,8 +129,6 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None
 def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
     """``--resume`` continues only the run this recipe describes: the same recorded recipe (when there is one), a
     checkpoint of a run with the same number of steps."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     recorded = out / "recipe.yaml"
     if not out.is_dir():
         return
@@ -139,7 +144,7 @@ def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
             raise MutorUserError(f"--resume: {out} was trained with a different recipe ({shown}"
                                  f"{', ...' if len(diff) > 5 else ''}); resume with the same recipe, or train into "
                                  "another output directory")
-    last = get_last_checkpoint(str(out))
+    last = last_checkpoint(str(out))
     state = Path(last) / "trainer_state.json" if last else None
     if state is not None and state.is_file():
         st = json.loads(state.read_text())
@@ -171,8 +176,6 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
 
 def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, say, quiet: bool) -> dict:
     from transformers import set_seed
-    from transformers.trainer_utils import get_last_checkpoint
-
     from .real import resolve_model_args
 
     r = recipe.for_method(method)
@@ -191,7 +194,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     if task.info:
         say(f"[mutor train] data: {task.info}")
     trainer = _make_trainer(r, model, task, tokenizer, output_dir, quiet)
-    last = get_last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
+    last = last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
     if last:
         say(f"[mutor train] {label}: resuming from {last}")
     t0 = time.perf_counter()
@@ -313,9 +316,7 @@ def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bo
 
 def _interrupted(method: str, out: Path) -> str:
     """What a Ctrl-C leaves behind, in one line: the last complete checkpoint and how to continue from it."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    last = last_checkpoint(str(out)) if out.is_dir() else None
     if last:
         return (f"interrupted while training {method}; the last complete checkpoint is {last}: run the same "
                 "command with --resume to continue from it")
