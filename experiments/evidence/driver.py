@@ -200,6 +200,7 @@ class Driver:
             cmd += ["--limit", str(e["limit"])] if e.get("limit") else []
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
+            cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
             self.log(run, "evaluating checkpoints")
             res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
             if res["rc"] != 0:
