@@ -68,3 +68,14 @@ def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None, keep=None):
             mask = torch.ones(1, x.shape[1], dtype=torch.long) if mask_fn is None else mask_fn(p[0], x.dtype)
             ref = base(inputs_embeds=x, attention_mask=mask, position_ids=p).logits[0, -1]
         yield out.logits[row], ref, (b, t, d)
+
+
+def random_checkpoint_run(path, data_block: str, tokenizer, steps=(1, 2)) -> None:
+    """A stand-in run for checkpoint selection: a recipe.yaml with ``data_block`` and one tiny random model
+    (with ``tokenizer``) per ``checkpoint-<step>``, each from its own seed."""
+    from mutor.presets import tiny_causal_lm
+
+    (path / "recipe.yaml").write_text(f"method: mutor\nseed: 0\ndata: {data_block}\n")
+    for step in steps:
+        tiny_causal_lm(len(tokenizer), seed=step).save_pretrained(path / f"checkpoint-{step}")
+        tokenizer.save_pretrained(path / f"checkpoint-{step}")

@@ -18,6 +18,7 @@ from mutor.data.registry import build_training_data  # noqa: E402
 from mutor.errors import MutorUserError  # noqa: E402
 from mutor.eval import metrics  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
+from references import random_checkpoint_run  # noqa: E402
 
 SUFFIX = "Give the result as your final answer."
 
@@ -139,14 +140,9 @@ def test_checkpoint_selection_on_validation_reports_both_test_splits(tmp_path):
     test_new_templates, each written as its own selection summary (two columns in `mutor compare`)."""
     from mutor.eval.compare import collect_summaries, comparison_table
     from mutor.eval.harness import evaluate_checkpoints
-    from mutor.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
-    (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: gsm_symbolic, num_test: 3, "
-                                          "num_validation: 2}\n")
-    for step in (1, 2):
-        tiny_causal_lm(len(tok), seed=step).save_pretrained(tmp_path / f"checkpoint-{step}")
-        tok.save_pretrained(tmp_path / f"checkpoint-{step}")
+    random_checkpoint_run(tmp_path, "{task: gsm_symbolic, num_test: 3, num_validation: 2}", tok)
     res = evaluate_checkpoints("gsm_symbolic", str(tmp_path), max_new_tokens=2, progress=False, device="cpu")
     assert res["selection_split"] == "validation" and res["split"] == "test" and res["n"] == 3
     other = res["other_splits"]["test_new_templates"]

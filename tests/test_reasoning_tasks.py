@@ -14,6 +14,7 @@ from mutor.data.reasoning_tasks import REASONING_GYM, make_splits, reasoning_gym
 from mutor.data.registry import build_training_data  # noqa: E402
 from mutor.errors import MutorUserError  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
+from references import random_checkpoint_run  # noqa: E402
 
 OPTS = {"dataset": "word_sorting", "num_train": 40, "num_validation": 10, "num_test": 20}
 BIG = {"dataset": "word_sorting", "num_train": 300, "num_validation": 50, "num_test": 300}
@@ -84,14 +85,9 @@ def test_eval_rebuilds_the_runs_splits_and_refuses_another_run(tmp_path):
 
 def test_mutor_eval_scores_with_the_verifier_and_selects_on_validation(tmp_path):
     from mutor.eval.harness import evaluate_checkpoints
-    from mutor.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
-    (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: reasoning_gym, dataset: "
-                                          "spell_backward, num_test: 3, num_validation: 2}\n")
-    for step in (1, 2):
-        tiny_causal_lm(len(tok), seed=step).save_pretrained(tmp_path / f"checkpoint-{step}")
-        tok.save_pretrained(tmp_path / f"checkpoint-{step}")
+    random_checkpoint_run(tmp_path, "{task: reasoning_gym, dataset: spell_backward, num_test: 3, num_validation: 2}", tok)
     res = evaluate_checkpoints("reasoning_gym", str(tmp_path), max_new_tokens=2, progress=False, device="cpu")
     assert res["selection_split"] == "validation" and res["n"] == 3 and REASONING_GYM.selection == "validation"
     gens = [json.loads(x) for x in (tmp_path / "eval" / "reasoning_gym" / res["selected_checkpoint"] / "test" /
