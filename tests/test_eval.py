@@ -95,6 +95,22 @@ def test_batched_equals_one_by_one(family, mode):
     assert batched == single and all(len(g) == 6 for g in batched)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen2"])
+def test_rows_that_stop_early_leave_the_batch_without_changing_the_others(family):
+    """Bidirectional decoding drops a row from the batch (and its cache) once it emits eos: every row
+    still decodes exactly as it would alone, up to its own eos."""
+    model = make_model(family)
+    free = [greedy_generate(model, [p], 8, pad_id=0, eos_id=None, prefix_attention="bidirectional")[0]
+            for p in PROMPTS]
+    eos = free[1][2]                                     # some row stops at its third token, others later or never
+    batched = greedy_generate(model, PROMPTS, 8, pad_id=0, eos_id=eos, prefix_attention="bidirectional")
+    single = [greedy_generate(model, [p], 8, pad_id=0, eos_id=eos, prefix_attention="bidirectional")[0]
+              for p in PROMPTS]
+    assert batched == single
+    assert batched == [g[:g.index(eos)] if eos in g else g for g in free]
+    assert len({len(g) for g in batched}) > 1            # rows really stopped at different steps
+
+
 def _full_recompute(model, prompt, steps):
     """Greedy tokens by re-running the whole sequence without cache: prompt bidirectional, the rest causal."""
     seq = list(prompt)

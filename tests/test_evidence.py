@@ -51,6 +51,7 @@ def _plan(tmp_path: Path, steps_per_epoch: int) -> Path:
     p = tmp_path / "plan.yaml"
     p.write_text(f"""runs_dir: {tmp_path}/runs
 results: {tmp_path}/results.jsonl
+drafting: {{limit: 2}}
 groups:
   - name: tiny
     recipe: tiny/gsm8k
@@ -80,6 +81,13 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert sorted(p.name for p in mutor_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # epoch ends
     rows = report.load(tmp_path / "results.jsonl")
     assert [r["run"] for r in rows] == ["mutor_s0"]
+    drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
+    assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=2", "K=3", "K=4"])]
+    assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
+    (tmp_path / "drafting.jsonl").unlink()                 # a finished run owing only its drafting row gets it
+    owed = _driver(plan, "--only", "mutor_s0")
+    assert "mutor_s0: drafting row written" in owed.stdout and "training" not in owed.stdout
+    assert "mutor_s0: row written" not in owed.stdout and len(report.load(tmp_path / "results.jsonl")) == 1
 
     out = _driver(plan)                                    # next_token_s0 missing, mutor_s0 done
     assert out.returncode == 0, out.stdout + out.stderr
@@ -138,3 +146,21 @@ def test_an_evaluation_counts_as_done_only_with_every_test_split(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"split": "test", "other_splits": {"test_new_templates": {}}}))
     assert driver._evaluated(tmp_path, "gsm_symbolic")
     assert not driver._evaluated(tmp_path / "nothing", "gsm8k")
+
+
+def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_checkpoint(tmp_path):
+    """experiments/evidence/drafting.py: greedy and register drafting (K = 2..d_max) on the same prompts,
+    at batch size 1; drafting is lossless, so every K gives greedy's tokens."""
+    import drafting
+    from mutor.train import run_recipe
+
+    out = tmp_path / "run"
+    run_recipe("tiny/gsm8k", ["method=mutor", "seed=0", "mutor.d_max=3", "training.max_steps=2",
+                              "training.save_steps=2", f"training.output_dir={out}"])
+    data = str(ROOT / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl")
+    res = drafting.measure(out / "checkpoint-2", "gsm8k", limit=3, max_new_tokens=6, data=data)
+    assert res["prompts"] == 3 and res["d_max"] == 3 and set(res["drafting"]) == {"K=2", "K=3"}
+    assert res["greedy"]["new_tokens"] > 0
+    for k, r in res["drafting"].items():
+        assert r["identical_to_greedy"] and r["new_tokens"] == res["greedy"]["new_tokens"], k
+        assert r["forwards"] <= r["new_tokens"] and r["tokens_per_s"] > 0

@@ -13,6 +13,10 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
 4. Held-out answer loss of the final model (``experiments/real/heldout_loss.py``), when the group asks.
 5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results`` (and
    committed with ``--commit``, only that file).
+6. For a MuToR run, when the plan has a ``drafting`` block: its registers as drafters on the selected
+   checkpoint (``drafting.py``: acceptance per offset, tokens/s against greedy decoding at batch size 1),
+   one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
+   row does not is taken up again for this stage alone while its checkpoints are on disk.
 
 A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
 whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +147,7 @@ class Driver:
         if args.runs_dir:
             self.runs_dir = Path(args.runs_dir)
         self.results = Path(args.results or REPO / plan["results"])
+        self.drafting_results = self.results.with_name("drafting.jsonl")   # beside the results file
         self.children: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
         self.stopping = False
@@ -250,18 +256,42 @@ class Driver:
                 "threads": self.args.threads, "parameters": s.get("parameters"), "precision": s.get("precision"),
                 "clipping": s.get("clipping"), "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
-    def append(self, row: dict) -> None:
+    def needs_drafting(self, run: Run) -> bool:
+        """A MuToR run whose drafting row is missing (the plan's ``drafting`` block; issue 25 item 4)."""
+        return bool(self.plan.get("drafting")) and run.method == "mutor" and run.key not in done_keys(self.drafting_results)
+
+    def drafting(self, run: Run, d: Path, ev: dict) -> Optional[dict]:
+        """Registers as drafters on the selected checkpoint: ``drafting.py`` (acceptance per offset, tokens/s
+        against greedy at batch size 1, on the first ``limit`` test prompts, in the evaluation's dtype)."""
+        spec, e = self.plan["drafting"], run.group["eval"]
+        f = d / "drafting.json"
+        if not f.is_file():
+            cmd = [sys.executable, str(HERE / "drafting.py"), str(d / ev["selected_checkpoint"]), "--task", e["task"],
+                   "--limit", str(spec.get("limit", 20)), "--dtype", e.get("dtype", "float32"), "--output", str(f)]
+            cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
+            cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
+            self.log(run, "drafting")
+            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
+            if res["rc"] != 0:
+                raise RuntimeError(f"drafting.py exited {res['rc']}")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed, "tag": run.tag,
+                "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()), "code": commit,
+                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def append(self, row: dict, results: Optional[Path] = None) -> None:
+        results = results or self.results
         with self.lock:
-            self.results.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.results, "a") as f:
+            results.parent.mkdir(parents=True, exist_ok=True)
+            with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
             if self.args.commit:
-                repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=self.results.parent,
+                repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=results.parent,
                                       capture_output=True, text=True).stdout.strip()
-                rel = os.path.relpath(self.results, repo)
+                rel = os.path.relpath(results, repo)
                 subprocess.run(["git", "add", rel], cwd=repo, check=False)
-                subprocess.run(["git", "commit", "-q", "-m", f"Evidence: {row['group']}/{row['run']} (row)", "--", rel],
-                               cwd=repo, check=False)
+                subprocess.run(["git", "commit", "-q", "-m", f"Evidence: {row['group']}/{row['run']} ({results.stem} row)",
+                                "--", rel], cwd=repo, check=False)
 
     def pipeline(self, run: Run) -> None:
         d = self.runs_dir / run.group["name"] / run.name
@@ -271,9 +301,14 @@ class Driver:
             self.prune(run, d)
             ev = self.evaluate(run, d)
             losses = self.answer_loss(run, d)
-            if not self.stopping:
+            if not self.stopping and run.key not in done_keys(self.results):
                 self.append(self.row(run, d, ev, losses))
                 self.log(run, "row written")
+            if not self.stopping and self.needs_drafting(run):
+                row = self.drafting(run, d, ev)
+                if not self.stopping:
+                    self.append(row, self.drafting_results)
+                    self.log(run, "drafting row written")
         except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
             if not self.stopping:
                 self.log(run, f"FAILED: {err}")
@@ -290,7 +325,9 @@ class Driver:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         done = done_keys(self.results)
-        todo = [r for r in runs if r.key not in done]
+        # a finished run still owes its drafting row while its checkpoints are on disk
+        todo = [r for r in runs if r.key not in done or (self.needs_drafting(r) and (
+            self.runs_dir / r.group["name"] / r.name / "eval").is_dir())]
         active: list[threading.Thread] = []
         while todo and not self.stopping:
             active = [t for t in active if t.is_alive()]

@@ -57,38 +57,59 @@ def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: t
     return by_w[next(iter(windows.values()))] if len(windows) == 1 else {t: by_w[w] for t, w in windows.items()}
 
 
+def _accepts_logits_to_keep(model) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @torch.no_grad()
 def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[int], pad_id: int) -> torch.Tensor:
+    """Prompt encoded once with the prefix mask, then causal decoding from the cache.
+
+    A row that has emitted eos leaves the batch (its cache rows are dropped with
+    ``Cache.batch_select_indices``), so the cost of a step follows the rows still decoding rather
+    than the longest answer times the batch; the prefill keeps only the last position's logits."""
     from transformers import DynamicCache
+
+    from ..masks import attention_windows
 
     dev = ids.device
     cfg = model.config
     attn = getattr(cfg, "_attn_implementation", None) or "eager"
     dtype = model.get_input_embeddings().weight.dtype
+    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
     pos = (am.cumsum(1) - 1).clamp(min=0)                                          # (B, P)
     cache = DynamicCache(config=cfg)
-    from ..masks import attention_windows
-
     mask = prefix_mask(am, attn, dtype, attention_windows(cfg.get_text_config(decoder=True)), pos)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                past_key_values=cache, use_cache=True)
-    nxt = out.logits[:, -1].argmax(-1)                                             # (B,)
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **keep)
+    nxt = out.logits[:, -1].argmax(-1)                                             # (b,) rows still decoding
+    gen = torch.full((ids.shape[0], max_new_tokens), pad_id, dtype=torch.long, device=dev)   # (B, n)
+    rows = torch.arange(ids.shape[0], device=dev)                                  # (b,) their batch indices
     mask2d, last = am, pos[:, -1]
-    gen = []
+    n = 0
     for step in range(max_new_tokens):
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        gen.append(nxt)
-        if eos_id is not None:
-            done |= nxt == eos_id
-        if bool(done.all()) or step == max_new_tokens - 1:
+        gen[rows, step] = nxt
+        n = step + 1
+        if step == max_new_tokens - 1:
             break
-        mask2d = torch.cat([mask2d, torch.ones_like(mask2d[:, :1])], 1)              # (B, P+step+1)
+        if eos_id is not None:
+            going = nxt != eos_id                                                  # (b,)
+            if not bool(going.any()):
+                break
+            if not bool(going.all()):
+                sel = going.nonzero().squeeze(1)
+                cache.batch_select_indices(sel)
+                rows, nxt, mask2d, last = rows[sel], nxt[sel], mask2d[sel], last[sel]
+        mask2d = torch.cat([mask2d, torch.ones_like(mask2d[:, :1])], 1)              # (b, P+step+1)
         last = last + 1
         out = model(input_ids=nxt[:, None], attention_mask=mask2d, position_ids=last[:, None],
-                    past_key_values=out.past_key_values, use_cache=True)
+                    past_key_values=cache, use_cache=True)
         nxt = out.logits[:, -1].argmax(-1)
-    return torch.stack(gen, 1)                                                     # (B, n)
+    return gen[:, :n]                                                              # (B, n)
 
 
 @torch.no_grad()

@@ -200,20 +200,25 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     prompts = [render_prompt(template, ex) for ex in examples]
     refs = [reference_answer(template, ex) for ex in examples]
     n_new = int(max_new_tokens or template.max_new_tokens)
-    rows = []
+    encoded = [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    # batches of similar prompt lengths (less padding); rows are reported in the examples' order
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    gens: dict[int, list[int]] = {}
     bar = tqdm(total=len(prompts), desc=f"{task_name}/{split}", disable=not progress)
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        ids = [tok(p, add_special_tokens=True)["input_ids"] for p in chunk]
-        gens = decode(ids, n_new, tok.eos_token_id) if decode is not None else greedy_generate(
+    for i in range(0, len(order), batch_size):
+        chunk = order[i:i + batch_size]
+        ids = [encoded[j] for j in chunk]
+        out = decode(ids, n_new, tok.eos_token_id) if decode is not None else greedy_generate(
             model, ids, n_new, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, prefix_attention=mode)
-        for ex, prompt, ref, g in zip(examples[i:i + batch_size], chunk, refs[i:i + batch_size], gens):
-            text = tok.decode(g, skip_special_tokens=True)
-            scores = benchmark.score_example(text, ex) if benchmark.score_example else benchmark.score(text, ref)
-            rows.append({"prompt": prompt, "generation": text, "reference": ref,
-                         "extracted": benchmark.extract(text), **scores})
+        gens.update(zip(chunk, out))
         bar.update(len(chunk))
     bar.close()
+    rows = []
+    for j, (ex, prompt, ref) in enumerate(zip(examples, prompts, refs)):
+        text = tok.decode(gens[j], skip_special_tokens=True)
+        scores = benchmark.score_example(text, ex) if benchmark.score_example else benchmark.score(text, ref)
+        rows.append({"prompt": prompt, "generation": text, "reference": ref,
+                     "extracted": benchmark.extract(text), **scores})
     keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
     # a second test split (gsm_symbolic's test_new_templates) is its own column in `mutor compare`
     label = task_name if split in ("test", "validation") else f"{task_name}:{split}"

@@ -1,0 +1,106 @@
+"""Registers as drafters on a trained MuToR checkpoint (issue 25 item 4): acceptance and wall-clock tokens/s.
+
+One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
+plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), then register
+drafting with K = 2 .. d_max (``mutor.speculative.generate``). A LoRA checkpoint is merged into its base
+once, for all of them. Every decoder's tokens are compared with greedy's (drafting is lossless, so they
+must be equal). One JSON object is printed (and written to ``--output``)::
+
+    python experiments/evidence/drafting.py runs/evidence/rg-maze/mutor_s0/checkpoint-125 \
+        --task reasoning_gym --limit 20 --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list[int] | None = None,
+            max_new_tokens: int | None = None, data: str | None = None) -> dict:
+    from transformers import AutoTokenizer
+
+    from mutor.data.templates import render_prompt
+    from mutor.devices import resolve_dtype
+    from mutor.errors import load_peft_model
+    from mutor.eval.generation import greedy_generate
+    from mutor.eval.harness import get_benchmark, load_examples, run_info
+    from mutor.model import MuToRModel
+    from mutor.speculative import DraftStats, generate
+
+    kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
+    base = load_peft_model(ckpt, **kw).merge_and_unload() if (ckpt / "adapter_config.json").is_file() else None
+    model = MuToRModel.from_pretrained(ckpt, base=base, **({} if base is not None else kw)).eval()
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    mode = run_info(str(ckpt)).get("prefix_attention", "causal")
+    bench = get_benchmark(task)
+    examples = load_examples(bench, "test", data, limit, model_path=str(ckpt))
+    prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+    n_new = int(max_new_tokens or bench.template.max_new_tokens)
+    eos = tok.eos_token_id
+    d_max = model.mutor_config.d_max
+    ks = ks or list(range(2, d_max + 1))
+
+    def timed(fn):
+        fn(prompts[0])                                                          # warm-up, not counted
+        outs, t0 = [], time.perf_counter()
+        for p in prompts:
+            outs.append(fn(p))
+        return outs, time.perf_counter() - t0
+
+    def cut(row):
+        return row[:row.index(eos)] if eos in row else row
+
+    with torch.no_grad():
+        greedy, g_sec = timed(lambda p: greedy_generate(model.base_model, [p], n_new, pad_id=tok.pad_token_id,
+                                                        eos_id=eos, prefix_attention=mode)[0])
+        n_tok = sum(len(g) for g in greedy)
+        result = {"checkpoint": str(ckpt), "task": task, "prompts": len(prompts), "max_new_tokens": n_new,
+                  "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode, "d_max": d_max,
+                  "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
+                  "drafting": {}}
+        for k in ks:
+            stats_all = []
+
+            def draft(p, k=k):
+                out, st = generate(model, torch.tensor([p]), n_new, k, eos_token_id=eos, prefix_attention=mode)
+                stats_all.append(st)
+                return cut(out[0, len(p):].tolist())
+
+            outs, sec = timed(draft)
+            total = DraftStats()
+            for st in stats_all[1:]:                                           # the warm-up's stats dropped
+                total.add(st)
+            result["drafting"][f"K={k}"] = {**total.to_dict(), "seconds": round(sec, 2),
+                                            "tokens_per_s": round(total.new_tokens / sec, 2),
+                                            "speedup_vs_greedy": round(g_sec / sec, 3),
+                                            "identical_to_greedy": outs == greedy}
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--k", type=int, action="append", default=None, help="draft lengths (default 2..d_max)")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--data", default=None, help="the task's test data file, where the task reads one")
+    ap.add_argument("--output", type=Path, default=None)
+    args = ap.parse_args(argv)
+    res = measure(args.checkpoint, args.task, args.limit, args.dtype, args.k, args.max_new_tokens, args.data)
+    text = json.dumps(res)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
