@@ -164,3 +164,13 @@ def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_
     for k, r in res["drafting"].items():
         assert r["identical_to_greedy"] and r["new_tokens"] == res["greedy"]["new_tokens"], k
         assert r["forwards"] <= r["new_tokens"] and r["tokens_per_s"] > 0
+
+
+def test_only_patterns_match_run_names_or_group_slash_name_in_plan_order():
+    plan, runs = driver.load_plan(ROOT / "experiments/evidence/plan.yaml")
+    names = lambda rs: [f"{r.group['name']}/{r.name}" for r in rs]  # noqa: E731
+    picked = driver.select(runs, None, ["gsm-smollm2-lora/next_token_s0", "gsm-smollm2-lora/mutor_s0", "rg-maze/*"])
+    assert names(picked)[:2] == ["gsm-smollm2-lora/next_token_s0", "gsm-smollm2-lora/mutor_s0"]
+    assert len(picked) == 2 + 9 and all(n.startswith("rg-maze/") for n in names(picked)[2:])
+    assert names(driver.select(runs, ["rg-maze"], ["mutor_s1"])) == ["rg-maze/mutor_s1"]
+    assert driver.select(runs, ["rg-maze"], None) == [r for r in runs if r.group["name"] == "rg-maze"]

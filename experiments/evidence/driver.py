@@ -29,6 +29,7 @@ and the next start resumes from the last checkpoint.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -347,11 +348,21 @@ class Driver:
         return 0
 
 
+def select(runs: list[Run], groups: Optional[list[str]], only: Optional[list[str]]) -> list[Run]:
+    """The runs of ``groups`` (all when None) matching any ``only`` pattern (all when None), in plan order.
+    A pattern is matched (``fnmatch``) against the run's name (``mutor_s0``) and against ``group/name``."""
+    def wanted(r: Run) -> bool:
+        return not only or any(fnmatch.fnmatchcase(r.name, p) or fnmatch.fnmatchcase(f"{r.group['name']}/{r.name}", p)
+                               for p in only)
+    return [r for r in runs if (not groups or r.group["name"] in groups) and wanted(r)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml")
     ap.add_argument("--group", action="append", default=None, help="only these groups (repeatable)")
-    ap.add_argument("--only", action="append", default=None, help="only these runs, e.g. mutor_s0 (repeatable)")
+    ap.add_argument("--only", action="append", default=None,
+                    help="only runs matching these patterns, e.g. mutor_s0, 'gsm-smollm2-lora/*_s0', 'rg-*/*' (repeatable)")
     ap.add_argument("--slots", type=int, default=2, help="runs side by side (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
     ap.add_argument("--runs-dir", default=None, help="default: the plan's runs_dir")
@@ -360,7 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
     args = ap.parse_args(argv)
     plan, runs = load_plan(args.plan)
-    runs = [r for r in runs if (not args.group or r.group["name"] in args.group) and (not args.only or r.name in args.only)]
+    runs = select(runs, args.group, args.only)
     driver = Driver(plan, args)
     if args.list:
         done = done_keys(driver.results)
