@@ -23,7 +23,7 @@ def _greedy(base, ids, n):
 
 
 @pytest.mark.parametrize("family,window", CASES)
-@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("k", [1, 4, "auto"])
 def test_greedy_is_lossless_with_untrained_registers(family, window, k):
     base = make_model(family, window=window)
     model = MuToRModel(base, MuToRConfig(d_max=4))
@@ -158,3 +158,59 @@ def test_benchmark_runs_on_a_saved_star_graph_model(tmp_path):
     assert [r["method"] for r in res["rows"]] == ["greedy", "prompt_lookup_2", "registers_K2", "registers_K3"]
     assert res["max_new_tokens"] == 3 and res["rows"][2]["new_tokens"] == 9
     assert "| registers_K3 |" in markdown(res)
+
+
+def _length(k_max: int, cost, **kw) -> "spec.DraftLength":
+    length = spec.DraftLength(k_max, **kw)
+    for k in range(k_max, 0, -1):                  # the timing phase: longest first
+        assert length.choose() == k
+        length.record(k, cost(k))
+    return length
+
+
+def test_draft_length_switches_drafting_off_when_drafts_are_rejected_and_probes_ever_more_rarely():
+    length = _length(4, cost=lambda k: 1.0 + 0.5 * (k * k - 1))     # rows cost in proportion: K^2 rows
+    picks = []
+    for _ in range(200):
+        k = length.choose()
+        picks.append(k)
+        length.observe(drafted=k - 1 if k > 1 else 0, kept=0)
+    probes = [i for i, k in enumerate(picks) if k > 1]
+    assert picks.count(1) >= 180                    # plain greedy decoding, apart from a few probes
+    gaps = [b - a for a, b in zip(probes[::2], probes[2::2])]        # a probe is two rounds: draft, verify
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
+@pytest.mark.parametrize("cost, expected", [
+    (lambda k: 1.0, 4),                             # extra rows are free: the longest draft
+    (lambda k: float(k * k), 1),                    # rows cost in full: K^2 rows never pay for 1 + ... tokens
+])
+def test_draft_length_follows_tokens_per_second_when_every_draft_is_kept(cost, expected):
+    length = _length(4, cost)
+    for _ in range(30):
+        k = length.choose()
+        length.observe(drafted=k - 1 if k > 1 else 0, kept=k - 1 if k > 1 else 0)
+    assert length.best() == expected
+
+
+def test_draft_length_stops_at_the_first_offset_that_fails():
+    length = _length(4, cost=lambda k: 1.0 + 0.3 * (k - 1))         # d=2 always right, d=3 always wrong
+    picks = []
+    for _ in range(60):
+        k = length.choose()
+        picks.append(k)
+        length.observe(drafted=k - 1 if k > 1 else 0, kept=min(1, k - 1))
+    assert picks[10:].count(2) >= 0.8 * len(picks[10:])
+
+
+def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
+    base = make_model("llama")
+    ids = _prompt(4)
+    target = _greedy(base, ids, 40)[0].tolist()
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, None, K=4)
+    got, stats = spec.generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
+    assert got[0].tolist() == target
+    assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 40

@@ -2,7 +2,8 @@
 
 One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
 plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), then register
-drafting with K = 2 .. d_max (``mutor.speculative.generate``). A LoRA checkpoint is merged into its base
+drafting with K = 2 .. d_max and with the draft length chosen per step (``"auto"``), all through
+``mutor.speculative.generate``. A LoRA checkpoint is merged into its base
 once, for all of them. Every decoder's tokens are compared with greedy's (drafting is lossless, so they
 must be equal). One JSON object is printed (and written to ``--output``)::
 
@@ -21,22 +22,16 @@ from pathlib import Path
 import torch
 
 
-def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list[int] | None = None,
+def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list | None = None,
             max_new_tokens: int | None = None, data: str | None = None) -> dict:
-    from transformers import AutoTokenizer
-
     from mutor.data.templates import render_prompt
-    from mutor.devices import resolve_dtype
-    from mutor.errors import load_peft_model
     from mutor.eval.generation import greedy_generate
-    from mutor.eval.harness import get_benchmark, load_examples, run_info
+    from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
     from mutor.model import MuToRModel
     from mutor.speculative import DraftStats, generate
 
-    kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
-    base = load_peft_model(ckpt, **kw).merge_and_unload() if (ckpt / "adapter_config.json").is_file() else None
-    model = MuToRModel.from_pretrained(ckpt, base=base, **({} if base is not None else kw)).eval()
-    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
+    model = MuToRModel.from_pretrained(ckpt, base=base).eval()
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")
     bench = get_benchmark(task)
     examples = load_examples(bench, "test", data, limit, model_path=str(ckpt))
@@ -44,7 +39,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list[
     n_new = int(max_new_tokens or bench.template.max_new_tokens)
     eos = tok.eos_token_id
     d_max = model.mutor_config.d_max
-    ks = ks or list(range(2, d_max + 1))
+    ks = ks or [*range(2, d_max + 1), "auto"]
 
     def timed(fn):
         fn(prompts[0])                                                          # warm-up, not counted
@@ -89,12 +84,14 @@ def main(argv=None) -> int:
     ap.add_argument("--task", required=True)
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--k", type=int, action="append", default=None, help="draft lengths (default 2..d_max)")
+    ap.add_argument("--k", action="append", default=None, help="draft lengths: integers or 'auto' "
+                                                               "(default: 2..d_max and auto)")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--data", default=None, help="the task's test data file, where the task reads one")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
-    res = measure(args.checkpoint, args.task, args.limit, args.dtype, args.k, args.max_new_tokens, args.data)
+    ks = [k if k == "auto" else int(k) for k in args.k] if args.k else None
+    res = measure(args.checkpoint, args.task, args.limit, args.dtype, ks, args.max_new_tokens, args.data)
     text = json.dumps(res)
     print(text)
     if args.output:

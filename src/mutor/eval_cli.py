@@ -40,10 +40,13 @@ def add_parser(sub) -> None:
                                                  "visible, else cpu)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="dtype to load the model in (default: the "
                                                                    "checkpoint's own)")
-    p.add_argument("--draft-registers", type=int, default=None, metavar="K",
-                   help="with --model (a MuToR checkpoint): decode with the trained registers as drafters for "
-                        "offsets 2..K (lossless greedy self-speculative decoding, batch 1); the summary records "
-                        "acceptance per offset, tokens per forward and tokens/s")
+    p.add_argument("--draft-registers", default=None, metavar="K|auto",
+                   help="with --model (a MuToR checkpoint): decode with the trained registers as drafters "
+                        "(lossless greedy self-speculative decoding, batch 1): 'auto' picks each step's draft "
+                        "length for the most tokens/s (plain greedy when drafts do not pay), an integer K always "
+                        "drafts offsets 2..K; the summary records acceptance per offset, tokens per forward and "
+                        "tokens/s. Batch-1 decoding: on a CPU, batched greedy (--batch-size) usually scores a "
+                        "whole split sooner")
     p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(command="eval")
@@ -121,9 +124,10 @@ def _eval_options(args: argparse.Namespace) -> dict:
     if args.draft_registers is not None:
         if args.checkpoints:
             raise SystemExit("mutor eval: --draft-registers works with --model (one MuToR checkpoint)")
-        if args.draft_registers < 1:
-            raise SystemExit(f"mutor eval: --draft-registers must be >= 1, got {args.draft_registers}")
-        common["draft_registers"] = args.draft_registers
+        k = args.draft_registers
+        if k != "auto" and not (k.isdigit() and int(k) >= 1):
+            raise SystemExit(f"mutor eval: --draft-registers must be 'auto' or an integer >= 1, got {k!r}")
+        common["draft_registers"] = k if k == "auto" else int(k)
     return common
 
 

@@ -13,6 +13,12 @@ last draft) is appended for free. The registers after the last kept token draft 
 output is token for token the plain model's greedy decoding, whatever the registers learned; they only
 decide how many tokens one forward yields.
 
+Whether drafting pays in wall-clock time depends on the registers and on the machine: a forward of K^2 rows
+costs little more than one row where a forward is bound by reading the weights (bf16 on a CPU, a GPU) and
+nearly in proportion elsewhere (fp32 on a CPU). ``draft_registers="auto"`` (the default) therefore picks
+each round's draft length from the recent acceptance and the measured cost of each length
+(:class:`DraftLength`), and decodes plainly, one token per forward, when no draft length pays.
+
 The cache is a plain ``DynamicCache`` of full layers (sliding windows are applied through the mask on
 position ids, as in training), built here so that no layer evicts entries on its own; after each
 forward it is cropped to the kept regular tokens, so register keys and values never stay in it.
@@ -21,6 +27,7 @@ Batch size 1; eager and sdpa attention (a FlexAttention BlockMask cannot be slic
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -40,6 +47,7 @@ class DraftStats:
     new_tokens: int = 0
     offered: dict[int, int] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)          # forwards per draft length K (K = 1: no draft)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -56,13 +64,87 @@ class DraftStats:
         for d, n in other.offered.items():
             self.offered[d] = self.offered.get(d, 0) + n
             self.accepted[d] = self.accepted.get(d, 0) + other.accepted.get(d, 0)
+        for k, n in other.rounds.items():
+            self.rounds[k] = self.rounds.get(k, 0) + n
         return self
 
     def to_dict(self) -> dict:
         return {"forwards": self.forwards, "new_tokens": self.new_tokens,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "acceptance": {f"d={d}": round(a, 4) for d, a in self.acceptance().items()},
-                "offered": {f"d={d}": n for d, n in sorted(self.offered.items())}}
+                "offered": {f"d={d}": n for d, n in sorted(self.offered.items())},
+                "rounds": {f"K={k}": n for k, n in sorted(self.rounds.items())}}
+
+
+class DraftLength:
+    """Chooses each round's draft length K in 1..K_max from the recent acceptance and the measured cost.
+
+    A round with draft length K feeds the pending token, up to K-1 drafted tokens and K-1 registers after
+    each of them; it yields ``E(K) = 1 + sum_{j=2..K} prod_{d=2..j} p_d`` tokens on average, ``p_d`` being
+    the acceptance of offset d given that every earlier draft was kept. ``p_d`` is estimated from recent
+    rounds (every count discounted by ``memory`` per round, one kept and one rejected draft as prior), so
+    that a repetitive or formulaic stretch of text is noticed and an offset left untried drifts back to the
+    prior and is tried again; the cost ``c(K)`` is a running average of the
+    measured seconds per forward. Each round takes the K with the most tokens per second ``E(K) / c(K)``: on
+    a machine where extra rows cost nearly nothing (bf16, a GPU) long drafts pay even at modest acceptance;
+    where they cost in proportion, or the registers are poor, K = 1 wins and decoding is plain greedy
+    decoding. Every K is timed once at the start (longest first). While K = 1 wins, the longest draft is
+    tried again after ``probe`` rounds (two rounds: one drafts, the next verifies), an interval that doubles
+    (up to ``max_probe``) each time the probe does not change the choice, so that a poor drafter costs a
+    vanishing share of forwards.
+    ``fixed``: always that K (no timing)."""
+
+    def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
+                 memory: float = 0.85, smoothing: float = 0.3):
+        self.k_max, self.fixed, self.memory, self.smoothing = k_max, fixed, memory, smoothing
+        self.probe, self.min_probe, self.max_probe = probe, probe, max_probe
+        self.cost: dict[int, float] = {}
+        self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
+        self.accepted = [0.0] * (k_max + 1)
+        self.since_probe, self.verifying = 0, False
+
+    def expected_tokens(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for d in range(2, k + 1):
+            run *= (self.accepted[d] + 1) / (self.offered[d] + 2)
+            total += run
+        return total
+
+    def best(self) -> int:
+        return max(range(1, self.k_max + 1), key=lambda k: self.expected_tokens(k) / self.cost[k])
+
+    def choose(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        untimed = [k for k in range(self.k_max, 0, -1) if k not in self.cost]
+        if untimed:
+            return untimed[0]
+        k = self.best()
+        if k > 1:
+            self.since_probe, self.probe = 0, self.min_probe
+            return k
+        if self.verifying:                                 # the probe's draft is verified in the next round
+            self.verifying = False
+            return self.k_max
+        self.since_probe += 1
+        if self.since_probe >= self.probe:                 # probe; back off if it changes nothing
+            self.since_probe, self.probe, self.verifying = 0, min(2 * self.probe, self.max_probe), True
+            return self.k_max
+        return 1
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """One verification: ``drafted`` drafts were fed, the first ``kept`` of them equal greedy's tokens."""
+        for d in range(2, self.k_max + 1):                 # every round ages every offset's counts, so an
+            self.offered[d] *= self.memory                 # offset not tried for a while drifts back to the prior
+            self.accepted[d] *= self.memory
+        for d in range(2, min(drafted, kept + 1) + 2):     # offered: every draft up to the first mismatch
+            self.offered[d] += 1
+            self.accepted[d] += d - 2 < kept
+
+    def record(self, k: int, seconds: float) -> None:
+        """The measured seconds of a forward with draft length ``k`` (a full draft of k-1 tokens)."""
+        old = self.cost.get(k)
+        self.cost[k] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
 
 
 def _register_vectors(model: MuToRModel, offsets: list[int]) -> torch.Tensor:
@@ -106,15 +188,17 @@ def generate(
     model: Union[MuToRModel, str],
     input_ids: torch.Tensor,
     max_new_tokens: int = 64,
-    draft_registers: Optional[int] = None,
+    draft_registers: Optional[Union[int, str]] = None,
     eos_token_id: Optional[Union[int, list[int]]] = None,
     prefix_attention: Optional[str] = None,
 ) -> tuple[torch.Tensor, DraftStats]:
     """Greedy decoding that drafts with registers; returns ``(ids (1, n + new), stats)``.
 
     ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
-    ``draft_registers`` K: drafts for offsets 2..K after each kept token (default: the trained ``d_max``;
-    K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
+    ``draft_registers``: ``"auto"`` (the default) picks each round's draft length K in 1..d_max for the most
+    tokens per second (:class:`DraftLength`: running acceptance, measured cost per forward), so that poor
+    registers or costly extra rows fall back to plain greedy decoding; an integer K drafts offsets 2..K after
+    every kept token (K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
     model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
     for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
 
@@ -129,8 +213,8 @@ def generate(
     was_training = base.training
     base.eval()
     emb = base.get_input_embeddings()
-    offsets = list(range(2, K + 1))
-    reg_vec = _register_vectors(model, offsets) if offsets else None                 # (K-1, C)
+    all_vec = _register_vectors(model, list(range(2, K + 1))) if K > 1 else None     # (K-1, C)
+    length = DraftLength(K, fixed=None if draft_registers in (None, "auto") else K)
     ids = input_ids.to(dev)
     out_ids = ids[0].tolist()
     cache = DynamicCache()
@@ -138,10 +222,18 @@ def generate(
     pending, draft = ids[0], []                                                        # pending: kept, not in the cache
     try:
         while stats.new_tokens < max_new_tokens:
+            k = K if stats.forwards == 0 else length.choose()        # the prompt's round drafts the longest
+            offsets, draft = list(range(2, k + 1)), draft[:k - 1]
+            reg_vec = all_vec[:k - 1] if offsets else None
+            t0 = time.perf_counter()
             logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m+R, V)
-            stats.forwards += 1
             greedy = logits[:m].argmax(-1).tolist()                # the model's own choice after each fed token
+            if stats.forwards and len(draft) == k - 1:             # the prompt's round is no measure of a step
+                length.record(k, time.perf_counter() - t0)
+            stats.forwards += 1
+            stats.rounds[k] = stats.rounds.get(k, 0) + 1
             kept = _verify(draft, greedy, a, stats)
+            length.observe(len(draft), kept)
             e = a + kept                                           # newest kept token in feed
             new = draft[:kept] + [greedy[e]]
             cache.crop(-(logits.shape[0] - (e + 1)))               # keep regular tokens up to e; no registers
@@ -175,9 +267,13 @@ def _checked_arguments(
         raise ValueError("drafting with registers uses 1D offsets; this model was trained with 2D offsets (d_max_2d)")
     if model.attn_implementation not in ("sdpa", "eager"):
         raise ValueError(f"drafting needs sdpa or eager attention, got {model.attn_implementation!r}")
-    K = model.mutor_config.d_max if draft_registers is None else int(draft_registers)
-    if K < 1:
-        raise ValueError(f"draft_registers must be >= 1 (1: plain greedy decoding), got {draft_registers!r}")
+    if draft_registers in (None, "auto"):
+        K = model.mutor_config.d_max
+    elif isinstance(draft_registers, bool) or not isinstance(draft_registers, int) or draft_registers < 1:
+        raise ValueError(f"draft_registers must be 'auto' or an integer >= 1 (1: plain greedy decoding), "
+                         f"got {draft_registers!r}")
+    else:
+        K = draft_registers
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be (1, n): batch size 1, got shape {tuple(input_ids.shape)}")
     prefix = model.mutor_config.prefix_attention if prefix_attention is None else prefix_attention

@@ -21,7 +21,7 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from ..data.templates import TextTemplate, get_template, reference_answer, render_prompt
 from ..io import write_json_atomic, write_jsonl_atomic, write_text_atomic
@@ -175,13 +175,13 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
                    limit: Optional[int] = None, batch_size: int = 8, output_dir: Optional[str] = None,
                    prefix_attention: Optional[str] = None, max_new_tokens: Optional[int] = None,
                    tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None,
-                   device: Optional[str] = None, dtype: str = "auto", draft_registers: Optional[int] = None,
+                   device: Optional[str] = None, dtype: str = "auto", draft_registers: Optional[Union[int, str]] = None,
                    decode: Optional[Callable] = None) -> dict:
     """Score one model on one split; returns the summary (also written to ``output_dir``).
 
     The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
-    ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K: decode one example at a time
-    with the run's registers drafting offsets 2..K (:mod:`mutor.speculative`; the same tokens as greedy
+    ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K or ``"auto"``: decode one example at a
+    time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed) (:mod:`mutor.speculative`; the same tokens as greedy
     decoding), and record the drafting statistics in the summary. ``decode(prompt_ids, max_new_tokens, eos_id)``
     replaces batched greedy decoding."""
     from tqdm.auto import tqdm
@@ -235,25 +235,21 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
 
 
 def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention, max_new_tokens,
-                          tokenizer, progress, device, dtype, K: int) -> dict:
-    """``evaluate_model`` with registers as drafters: the MuToR checkpoint (base + sidecar), batch 1."""
+                          tokenizer, progress, device, dtype, K) -> dict:
+    """``evaluate_model`` with registers as drafters (``K``: an integer or ``"auto"``): the MuToR checkpoint
+    (base, a LoRA adapter merged into it, + sidecar), batch 1."""
     import time
 
     import torch
-    from transformers import AutoTokenizer
 
-    from ..devices import resolve_device, resolve_dtype
-    from ..errors import from_pretrained
     from ..model import MuToRModel
     from ..speculative import DraftStats, generate
 
     if not (Path(model_path) / "mutor_config.json").is_file():
         raise ValueError(f"--draft-registers needs a MuToR checkpoint (model + mutor sidecar); {model_path} has no "
                          "mutor_config.json")
-    kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
-    drafter = MuToRModel.from_pretrained(model_path, **kw).to(resolve_device(device)).eval()
-    tok = from_pretrained(AutoTokenizer.from_pretrained, tokenizer or str(model_path), "tokenizer",
-                          is_model=False)
+    base, tok = load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)   # LoRA merged
+    drafter = MuToRModel.from_pretrained(model_path, base=base).to(base.device).eval()
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
     total, seconds = DraftStats(), 0.0
 
