@@ -56,12 +56,15 @@ def _planted(model: MuToRModel, target: list[int], wrong_offset: int | None, K: 
     def fake(*args, inputs_embeds=None, position_ids=None, **kw):
         out = forward(*args, inputs_embeds=inputs_embeds, position_ids=position_ids, **kw)
         is_reg = (inputs_embeds[0] == marker).all(-1)                                  # (q,)
+        keep = kw.get("logits_to_keep")                                                # (1, q) rows with logits
+        rows = keep[0].nonzero().flatten().tolist() if torch.is_tensor(keep) else list(range(is_reg.numel()))
+        logits = out.logits if out.logits.dim() == 2 else out.logits[0]               # (len(rows), V)
         for k, row in enumerate(is_reg.nonzero().flatten().tolist()):
             d = 2 + k % (K - 1)
             p = int(position_ids[0, row]) + 1                                          # the index it predicts
             tok = 0 if d == wrong_offset or p >= len(target) else target[p]
-            out.logits[0, row] = -1e4
-            out.logits[0, row, tok] = 1e4
+            logits[rows.index(row)] = -1e4
+            logits[rows.index(row), tok] = 1e4
         return out
 
     base.forward = fake

@@ -226,23 +226,23 @@ def generate(
             offsets, draft = list(range(2, k + 1)), draft[:k - 1]
             reg_vec = all_vec[:k - 1] if offsets else None
             t0 = time.perf_counter()
-            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m+R, V)
-            greedy = logits[:m].argmax(-1).tolist()                # the model's own choice after each fed token
+            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m-a+R, V)
+            greedy = logits[:m - a].argmax(-1).tolist()            # the model's own choice after feed[a], feed[a+1], ...
             if stats.forwards and len(draft) == k - 1:             # the prompt's round is no measure of a step
                 length.record(k, time.perf_counter() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
-            kept = _verify(draft, greedy, a, stats)
+            kept = _verify(draft, greedy, stats)
             length.observe(len(draft), kept)
             e = a + kept                                           # newest kept token in feed
-            new = draft[:kept] + [greedy[e]]
-            cache.crop(-(logits.shape[0] - (e + 1)))               # keep regular tokens up to e; no registers
+            new = draft[:kept] + [greedy[kept]]
+            cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to e; no registers
             if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
                 cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
                 break
-            pending = torch.tensor([greedy[e]], device=dev)
+            pending = torch.tensor([greedy[kept]], device=dev)
             if offsets:
-                r0 = m + (e - a) * len(offsets)                    # the registers after x_e
+                r0 = m - a + kept * len(offsets)                   # the registers after x_e
                 draft = logits[r0:r0 + len(offsets)].argmax(-1).tolist()
     finally:
         base.train(was_training)
@@ -295,7 +295,8 @@ def _draft_forward(
 ) -> tuple[torch.Tensor, int, int]:
     """One forward of ``feed = [pending, draft]`` (m tokens) plus K-1 registers after each of
     ``feed[a:]``, ``a`` being the newest kept token; the cache grows by all m + R rows.
-    Returns ``(logits (m+R, V), m, a)``."""
+    Returns ``(logits (m-a+R, V), m, a)``: the rows of feed[a:] (the prompt before its last token needs
+    none), then the registers."""
     dev = pending.device
     past = cache.get_seq_length()
     feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
@@ -307,18 +308,21 @@ def _draft_forward(
     if offsets:
         x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
     mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
-    logits = model.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                              use_cache=True).logits[0]                        # (m+R, V)
+    keep = torch.zeros(1, x.shape[1], dtype=torch.bool, device=dev)
+    keep[0, a:] = True                                     # rows before a (the prompt's) need no logits
+    logits = model.logits_at({"inputs_embeds": x, "attention_mask": mask, "position_ids": pos,
+                              "past_key_values": cache, "use_cache": True}, keep)        # (m-a+R, V)
     return logits, m, a
 
 
-def _verify(draft: list[int], greedy: list[int], a: int, stats: DraftStats) -> int:
+def _verify(draft: list[int], greedy: list[int], stats: DraftStats) -> int:
     """How many draft tokens are kept: ``draft[i]`` proposes ``x_{e+2+i}`` and is kept while it equals the
-    model's greedy choice ``greedy[a + i]``; counts offered and accepted drafts per offset into ``stats``."""
+    model's greedy choice ``greedy[i]`` (after ``feed[a + i]``); counts offered and accepted drafts per offset
+    into ``stats``."""
     kept = 0
     for i, g in enumerate(draft):                          # verify: draft[i] proposes x_{e+2+i}... in feed order
         stats.offered[i + 2] = stats.offered.get(i + 2, 0) + 1
-        if g != greedy[a + i]:
+        if g != greedy[i]:
             break
         stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
         kept += 1
