@@ -217,3 +217,14 @@ def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
     got, stats = spec.generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
     assert got[0].tolist() == target
     assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 40
+
+
+def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
+    base = make_model("llama")
+    model = MuToRModel(base, MuToRConfig(d_max=3))
+    length = spec.DraftLength(3)
+    for seed in (1, 2, 3):
+        ids = _prompt(seed)
+        got, stats = spec.generate(model, ids, max_new_tokens=6, draft_registers=length, eos_token_id=[])
+        assert torch.equal(got, _greedy(base, ids, 6))
+    assert set(length.cost) == {1, 2, 3}            # timed once over the three prompts, not once per prompt

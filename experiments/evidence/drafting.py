@@ -28,7 +28,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
     from mutor.model import MuToRModel
-    from mutor.speculative import DraftStats, generate
+    from mutor.speculative import DraftLength, DraftStats, generate
 
     base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
     model = MuToRModel.from_pretrained(ckpt, base=base).eval()
@@ -62,8 +62,10 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         for k in ks:
             stats_all = []
 
-            def draft(p, k=k):
-                out, st = generate(model, torch.tensor([p]), n_new, k, eos_token_id=eos, prefix_attention=mode)
+            drafts = DraftLength(d_max) if k == "auto" else k       # one chooser for all prompts, as in mutor eval
+
+            def draft(p, drafts=drafts):
+                out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=eos, prefix_attention=mode)
                 stats_all.append(st)
                 return cut(out[0, len(p):].tolist())
 

@@ -188,7 +188,7 @@ def generate(
     model: Union[MuToRModel, str],
     input_ids: torch.Tensor,
     max_new_tokens: int = 64,
-    draft_registers: Optional[Union[int, str]] = None,
+    draft_registers: Optional[Union[int, str, "DraftLength"]] = None,
     eos_token_id: Optional[Union[int, list[int]]] = None,
     prefix_attention: Optional[str] = None,
 ) -> tuple[torch.Tensor, DraftStats]:
@@ -197,7 +197,9 @@ def generate(
     ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
     ``draft_registers``: ``"auto"`` (the default) picks each round's draft length K in 1..d_max for the most
     tokens per second (:class:`DraftLength`: running acceptance, measured cost per forward), so that poor
-    registers or costly extra rows fall back to plain greedy decoding; an integer K drafts offsets 2..K after
+    registers or costly extra rows fall back to plain greedy decoding; a :class:`DraftLength` does the same
+    and keeps what it learned across calls (pass one instance for every prompt of an evaluation, so that
+    short answers do not each pay for timing every length); an integer K drafts offsets 2..K after
     every kept token (K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
     model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
     for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
@@ -214,7 +216,8 @@ def generate(
     base.eval()
     emb = base.get_input_embeddings()
     all_vec = _register_vectors(model, list(range(2, K + 1))) if K > 1 else None     # (K-1, C)
-    length = DraftLength(K, fixed=None if draft_registers in (None, "auto") else K)
+    length = (draft_registers if isinstance(draft_registers, DraftLength)
+              else DraftLength(K, fixed=None if draft_registers in (None, "auto") else K))
     ids = input_ids.to(dev)
     out_ids = ids[0].tolist()
     cache = DynamicCache()
@@ -267,7 +270,9 @@ def _checked_arguments(
         raise ValueError("drafting with registers uses 1D offsets; this model was trained with 2D offsets (d_max_2d)")
     if model.attn_implementation not in ("sdpa", "eager"):
         raise ValueError(f"drafting needs sdpa or eager attention, got {model.attn_implementation!r}")
-    if draft_registers in (None, "auto"):
+    if isinstance(draft_registers, DraftLength):
+        K = draft_registers.k_max
+    elif draft_registers in (None, "auto"):
         K = model.mutor_config.d_max
     elif isinstance(draft_registers, bool) or not isinstance(draft_registers, int) or draft_registers < 1:
         raise ValueError(f"draft_registers must be 'auto' or an integer >= 1 (1: plain greedy decoding), "

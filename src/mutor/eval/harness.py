@@ -243,7 +243,7 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
     import torch
 
     from ..model import MuToRModel
-    from ..speculative import DraftStats, generate
+    from ..speculative import DraftLength, DraftStats, generate
 
     if not (Path(model_path) / "mutor_config.json").is_file():
         raise ValueError(f"--draft-registers needs a MuToR checkpoint (model + mutor sidecar); {model_path} has no "
@@ -252,13 +252,15 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
     drafter = MuToRModel.from_pretrained(model_path, base=base).to(base.device).eval()
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
     total, seconds = DraftStats(), 0.0
+    # one chooser for the whole split: what it learns about acceptance and cost carries over between prompts
+    drafts = DraftLength(drafter.mutor_config.d_max) if K == "auto" else K
 
     def decode(prompts: list[list[int]], n_new: int, eos_id: Optional[int]) -> list[list[int]]:
         nonlocal seconds
         rows = []
         for p in prompts:
             t0 = time.perf_counter()
-            out, st = generate(drafter, torch.tensor([p]), n_new, K, eos_token_id=[] if eos_id is None else eos_id,
+            out, st = generate(drafter, torch.tensor([p]), n_new, drafts, eos_token_id=[] if eos_id is None else eos_id,
                                prefix_attention=mode)
             seconds += time.perf_counter() - t0
             total.add(st)
