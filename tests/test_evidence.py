@@ -84,6 +84,7 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
     assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=2", "K=3", "K=4", "K=auto"])]
     assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
+    assert "| tiny | mutor_s0 | 2 |" in report.drafting_table(drafts)
     (tmp_path / "drafting.jsonl").unlink()                 # a finished run owing only its drafting row gets it
     owed = _driver(plan, "--only", "mutor_s0")
     assert "mutor_s0: drafting row written" in owed.stdout and "training" not in owed.stdout

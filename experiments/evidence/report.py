@@ -164,6 +164,28 @@ def markdown(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def drafting_table(drafts: list[dict]) -> str:
+    """Registers as drafters (drafting.jsonl): per MuToR run, greedy tokens/s and, per draft length, tokens
+    per forward, tokens/s and the speed-up over greedy, all at batch size 1 on the same prompts."""
+    if not drafts:
+        return ""
+    ks = sorted({k for d in drafts for k in d["drafting"]}, key=lambda k: (k == "K=auto", k))
+    head = ["group", "run", "prompts", "dtype", "greedy tok/s"] + [f"{k}: tok/fwd, tok/s, x greedy" for k in ks] + \
+           ["acceptance d=2..d_max (longest K)", "lossless"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in drafts:
+        cells = [d["group"], d["run"], str(d["prompts"]), d["dtype"], f"{d['greedy']['tokens_per_s']:.1f}"]
+        for k in ks:
+            r = d["drafting"].get(k)
+            cells.append(f"{r['tokens_per_forward']:.2f}, {r['tokens_per_s']:.1f}, {r['speedup_vs_greedy']:.2f}x"
+                         if r else "-")
+        longest = d["drafting"].get(f"K={d['d_max']}", {})
+        cells.append(", ".join(f"{v:.2f}" for v in longest.get("acceptance", {}).values()) or "-")
+        cells.append("yes" if all(r["identical_to_greedy"] for r in d["drafting"].values()) else "**no**")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def replace_between(text: str, body: str) -> str:
     if BEGIN not in text or END not in text:
         raise SystemExit(f"the README has no {BEGIN} ... {END} block")
@@ -181,6 +203,11 @@ def main(argv=None) -> int:
         print(f"{args.results}: no rows yet")
         return 0
     md = markdown(rows)
+    drafts = load(args.results.with_name("drafting.jsonl"))
+    if drafts:
+        md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
+               "the first test prompts, batch size 1, one thread, greedy and drafting in one process; K=auto picks "
+               "each step's draft length):\n\n" + drafting_table(drafts))
     print(md)
     if args.readme:
         p = Path(args.readme)
