@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mutor.speculative as spec
-from families import make_model
+from families import VOCAB, make_model
 from mutor import MuToRConfig, MuToRModel
 
 CASES = [("llama", None), ("gpt2", None), ("qwen3", 3), ("gemma2", 3), ("gemma3", 3), ("mistral", 3), ("gemma3", None)]
@@ -228,3 +228,87 @@ def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
         got, stats = spec.generate(model, ids, max_new_tokens=6, draft_registers=length, eos_token_id=[])
         assert torch.equal(got, _greedy(base, ids, 6))
     assert set(length.cost) == {1, 2, 3}            # timed once over the three prompts, not once per prompt
+
+
+def _chi2_upper(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile at the standard normal quantile ``z``
+    (3.09: the 0.999 quantile)."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _two_token_distribution(base, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(V, V) exact probability of the first two sampled tokens under plain sampling at ``temperature``."""
+    with torch.no_grad():
+        p1 = torch.softmax(base(ids).logits[0, -1].double() / temperature, -1)          # (V,)
+        V = p1.numel()
+        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], 1)              # (V, n+1)
+        p2 = torch.softmax(base(both).logits[:, -1].double() / temperature, -1)        # (V, V)
+    return p1[:, None] * p2
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor, n: int) -> tuple[float, int]:
+    expected = n * probs.flatten()
+    big = expected >= 5
+    obs, exp = counts.flatten()[big].double(), expected[big]
+    rest_obs, rest_exp = counts.flatten()[~big].sum().double(), expected[~big].sum()
+    stat = float(((obs - exp) ** 2 / exp).sum() + ((rest_obs - rest_exp) ** 2 / rest_exp if rest_exp > 0 else 0))
+    return stat, int(big.sum()) + (1 if rest_exp > 0 else 0) - 1
+
+
+def _draws(model, ids, temperature: float, n: int) -> tuple[torch.Tensor, "spec.DraftStats"]:
+    """(V, V) counts of the first two tokens over ``n`` sampled continuations with drafts, and their stats."""
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.long)
+    total = spec.DraftStats()
+    for _ in range(n):
+        out, st = spec.generate(model, ids, max_new_tokens=2, draft_registers=3, eos_token_id=[], do_sample=True,
+                                temperature=temperature, generator=gen)
+        a, b = out[0, ids.shape[1]:].tolist()
+        counts[a, b] += 1
+        total.add(st)
+    return counts, total
+
+
+def test_speculative_sampling_draws_from_the_models_own_distribution():
+    """Sampling with drafts (accept with min(1, p/q), else the residual): the first two tokens follow the
+    model's exact two-token distribution (chi-square at the 0.999 level), while drafts are both kept and
+    rejected; the same samples are refused against the distribution at another temperature (the test has power)."""
+    base = make_model("llama")
+    model = MuToRModel(base, MuToRConfig(d_max=3))
+    ids = _prompt(7, n=5)
+    T, n = 0.05, 800
+    exact = _two_token_distribution(base, ids, T)
+    # the register drafts x_{e+2} from x_<=e: plant the best such draft, the marginal of the second token
+    # (close to p after x_{e+1} but not equal, so drafts are both kept and rejected)
+    q = exact.sum(0).float()                                                            # (V,)
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    marker = model.register_embeddings.weight.detach()[0]
+    forward = base.forward
+
+    def planted(*args, inputs_embeds=None, **kw):
+        out = forward(*args, inputs_embeds=inputs_embeds, **kw)
+        keep = kw.get("logits_to_keep")
+        if inputs_embeds is not None and torch.is_tensor(keep):
+            rows = keep[0].nonzero().flatten().tolist()
+            for row in (inputs_embeds[0] == marker).all(-1).nonzero().flatten().tolist():
+                out.logits[rows.index(row)] = T * q.clamp(min=1e-30).log()             # softmax(./T) = q
+        return out
+
+    base.forward = planted
+    counts, total = _draws(model, ids, T, n)
+    assert 0.05 < total.accepted.get(2, 0) / total.offered[2] < 0.95      # drafts kept and rejected
+    stat, df = _chi2(counts, exact, n)
+    assert df >= 10 and stat < _chi2_upper(df), (stat, df)
+    stat, df = _chi2(counts, _two_token_distribution(base, ids, 0.08), n)
+    assert stat > _chi2_upper(df), (stat, df)
+
+
+def test_sampling_without_drafts_and_bad_temperature():
+    base = make_model("llama")
+    model = MuToRModel(base, MuToRConfig(d_max=3))
+    got, stats = spec.generate(model, _prompt(), max_new_tokens=5, draft_registers=1, do_sample=True,
+                               generator=torch.Generator().manual_seed(1), eos_token_id=[])
+    assert got.shape[1] == _prompt().shape[1] + 5 and stats.forwards == 5
+    with pytest.raises(ValueError, match="temperature"):
+        spec.generate(model, _prompt(), do_sample=True, temperature=0)

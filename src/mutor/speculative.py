@@ -1,4 +1,4 @@
-"""Registers as drafters: lossless self-speculative greedy decoding from a MuToR-trained model.
+"""Registers as drafters: lossless self-speculative decoding (greedy or sampled) from a MuToR-trained model.
 
 A trained register after ``x_t`` predicts ``x_{t+d}`` from ``x_<=t`` at position ``t+d-1``, in the
 same forward as the next-token prediction and with no extra head: a free draft of K-1 tokens per
@@ -12,6 +12,10 @@ model's own greedy choice at that place, then the model's choice at the first mi
 last draft) is appended for free. The registers after the last kept token draft the next round. The
 output is token for token the plain model's greedy decoding, whatever the registers learned; they only
 decide how many tokens one forward yields.
+
+With ``do_sample=True`` the draft tokens are drawn from the registers' distributions and verified by
+speculative sampling (accept with probability min(1, p/q), else draw from the residual), so the output
+follows the model's own sampling distribution exactly.
 
 Whether drafting pays in wall-clock time depends on the registers and on the machine: a forward of K^2 rows
 costs little more than one row where a forward is bound by reading the weights (bf16 on a CPU, a GPU) and
@@ -191,8 +195,11 @@ def generate(
     draft_registers: Optional[Union[int, str, "DraftLength"]] = None,
     eos_token_id: Optional[Union[int, list[int]]] = None,
     prefix_attention: Optional[str] = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    generator: Optional[torch.Generator] = None,
 ) -> tuple[torch.Tensor, DraftStats]:
-    """Greedy decoding that drafts with registers; returns ``(ids (1, n + new), stats)``.
+    """Decoding that drafts with registers, greedy or sampled; returns ``(ids (1, n + new), stats)``.
 
     ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
     ``draft_registers``: ``"auto"`` (the default) picks each round's draft length K in 1..d_max for the most
@@ -203,6 +210,9 @@ def generate(
     every kept token (K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
     model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
     for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
+    ``do_sample``: speculative sampling (:func:`_verify_sampled`) from the model's distribution at
+    ``temperature`` (no top-k / top-p), with the registers' distributions at the same temperature as the
+    draft distributions; the output is distributed exactly as plain sampling. ``generator``: its random numbers.
 
     Each round: one forward of the pending tokens, their draft and its registers (:func:`_draft_forward`),
     verification of the draft against the model's own greedy choices (:func:`_verify`), the cache cropped to
@@ -211,6 +221,8 @@ def generate(
     """
     model, K, prompt_len, eos = _checked_arguments(model, input_ids, max_new_tokens, draft_registers,
                                                    eos_token_id, prefix_attention)
+    if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature!r}")
     base, dev = model.base_model, model.device
     was_training = base.training
     base.eval()
@@ -223,30 +235,41 @@ def generate(
     cache = DynamicCache()
     stats = DraftStats()
     pending, draft = ids[0], []                                                        # pending: kept, not in the cache
+    q = None                                                                           # (len(draft), V) when sampling
     try:
         while stats.new_tokens < max_new_tokens:
             k = K if stats.forwards == 0 else length.choose()        # the prompt's round drafts the longest
             offsets, draft = list(range(2, k + 1)), draft[:k - 1]
+            q = q[:k - 1] if q is not None else None
             reg_vec = all_vec[:k - 1] if offsets else None
             t0 = time.perf_counter()
             logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m-a+R, V)
-            greedy = logits[:m - a].argmax(-1).tolist()            # the model's own choice after feed[a], feed[a+1], ...
+            if do_sample:                                          # kept drafts, then a token drawn from p
+                kept, nxt = _verify_sampled(draft, q, logits[:m - a], temperature, generator, stats)
+            else:                                                  # the model's own choice after feed[a], feed[a+1], ...
+                greedy = logits[:m - a].argmax(-1).tolist()
+                kept = _verify(draft, greedy, stats)
+                nxt = greedy[kept]
             if stats.forwards and len(draft) == k - 1:             # the prompt's round is no measure of a step
                 length.record(k, time.perf_counter() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
-            kept = _verify(draft, greedy, stats)
             length.observe(len(draft), kept)
             e = a + kept                                           # newest kept token in feed
-            new = draft[:kept] + [greedy[kept]]
+            new = draft[:kept] + [nxt]
             cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to e; no registers
             if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
                 cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
                 break
-            pending = torch.tensor([greedy[kept]], device=dev)
+            pending = torch.tensor([nxt], device=dev)
             if offsets:
                 r0 = m - a + kept * len(offsets)                   # the registers after x_e
-                draft = logits[r0:r0 + len(offsets)].argmax(-1).tolist()
+                reg = logits[r0:r0 + len(offsets)]                                     # (K-1, V)
+                if do_sample:
+                    q = torch.softmax(reg.float() / temperature, -1)
+                    draft = torch.multinomial(q, 1, generator=generator)[:, 0].tolist()
+                else:
+                    draft = reg.argmax(-1).tolist()
     finally:
         base.train(was_training)
     return torch.tensor([out_ids], device=dev), stats
@@ -332,6 +355,27 @@ def _verify(draft: list[int], greedy: list[int], stats: DraftStats) -> int:
         stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
         kept += 1
     return kept
+
+
+def _verify_sampled(draft: list[int], q: Optional[torch.Tensor], rows: torch.Tensor, temperature: float,
+                    generator: Optional[torch.Generator], stats: DraftStats) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): ``draft[i]``, drawn from ``q[i]``, is
+    kept with probability ``min(1, p_i(g) / q_i(g))``, ``p_i`` being the model's distribution after
+    ``feed[a + i]`` (``rows[i]`` at ``temperature``); at the first rejection a token is drawn from the
+    residual ``max(0, p_i - q_i)`` (normalised), and when every draft is kept from ``p`` after the last one.
+    Each emitted token is then distributed exactly as plain sampling from the model. Returns
+    ``(kept, next token)``. A register's draft for ``x_{e+d}`` sees only ``x_<=e``; that is allowed, the
+    proposal need only be fixed before the test."""
+    p = torch.softmax(rows.float() / temperature, -1)                                 # (len(draft)+1, V)
+    for i, g in enumerate(draft):
+        stats.offered[i + 2] = stats.offered.get(i + 2, 0) + 1
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[i, g] < p[i, g]:                          # u < p/q without dividing by a tiny q
+            stats.accepted[i + 2] = stats.accepted.get(i + 2, 0) + 1
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
 
 
 def _emit(new: list[int], out_ids: list[int], stats: DraftStats, max_new_tokens: int, eos: set[int]) -> bool:
