@@ -203,7 +203,8 @@ def main(argv=None) -> int:
         print(f"{args.results}: no rows yet")
         return 0
     md = markdown(rows)
-    drafts = load(args.results.with_name("drafting.jsonl"))
+    # a run measured again (newer drafting code) is reported by its latest row
+    drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
         md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
                "the first test prompts, batch size 1, one thread, greedy and drafting in one process; K=auto picks "
