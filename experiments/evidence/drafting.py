@@ -73,8 +73,9 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
             total = DraftStats()
             for st in stats_all[1:]:                                           # the warm-up's stats dropped
                 total.add(st)
+            n_out = sum(len(o) for o in outs)                   # emitted tokens without eos, as greedy's count
             result["drafting"][f"K={k}"] = {**total.to_dict(), "seconds": round(sec, 2),
-                                            "tokens_per_s": round(total.new_tokens / sec, 2),
+                                            "tokens_per_s": round(n_out / sec, 2),
                                             "speedup_vs_greedy": round(g_sec / sec, 3),
                                             "identical_to_greedy": outs == greedy}
     return result

@@ -335,7 +335,12 @@ def _draft_forward(
     x = emb(feed[None])                                                        # (1, m, C)
     if offsets:
         x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
-    mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
+    if m == 1 and not offsets and past and not any(model.windows.values()):
+        # one regular token, no register, full attention: it sees every cached token, which is what the model
+        # does with no mask at all (plain greedy's step; no (past x past) mask to build)
+        mask, pos = None, torch.tensor([[past]], device=dev)
+    else:
+        mask, pos = _step_mask(model, past, m, src, past + src + d - 1, x.dtype, prompt_len)
     keep = torch.zeros(1, x.shape[1], dtype=torch.bool, device=dev)
     keep[0, a:] = True                                     # rows before a (the prompt's) need no logits
     logits = model.logits_at({"inputs_embeds": x, "attention_mask": mask, "position_ids": pos,
