@@ -75,6 +75,11 @@ def last_boxed(text: str) -> Optional[str]:
     return None
 
 
+# math-verify's own limits (5 s per parse and per comparison) count wall-clock seconds through SIGALRM, so on a
+# loaded machine a correct answer could be scored wrong by timing out; these are far above any honest parse.
+MATH_VERIFY_TIMEOUT_S = 60
+
+
 def math_correct(generation: str, reference: str) -> bool:
     """math-verify equivalence of the last boxed answer with the gold answer (itself boxed or bare LaTeX)."""
     from math_verify import parse, verify
@@ -85,7 +90,9 @@ def math_correct(generation: str, reference: str) -> bool:
     gold = last_boxed(reference)
     gold = reference.strip() if gold is None else gold
     try:
-        return bool(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{pred}}}")))
+        t = MATH_VERIFY_TIMEOUT_S
+        gold_expr = parse(f"\\boxed{{{gold}}}", parsing_timeout=t)
+        return bool(verify(gold_expr, parse(f"\\boxed{{{pred}}}", parsing_timeout=t), timeout_seconds=t))
     except Exception:  # math-verify raises on some malformed LaTeX; that is a wrong answer, not a crash
         return False
 
