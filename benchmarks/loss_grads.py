@@ -7,7 +7,7 @@ The shape is a LoRA fine-tune of a 256k-vocabulary model (Gemma 2B: hidden 2048,
 256,000, bf16): the output layer is frozen, the hidden states at the loss rows require grad. Four
 cases, each in a fresh process (``--rounds N``: N times, order alternating), on the same rows:
 
-* ``train/before``, ``eval/before``: what ``mutor.loss`` did until 2026-11-23 (commit 720178a),
+* ``train/before``, ``eval/before``: what ``mutor.core.loss`` did until 2026-11-23 (commit 720178a),
   copied verbatim below (:func:`_before_class`): every gradient computed in the forward
   whatever needs it, ``dL/dhidden`` (N, C), the fp32 ``dL/dweight`` (V, C) and its cast to the
   weight's dtype, under ``torch.no_grad`` as well, with fresh ``(chunk, V)`` tensors per chunk.
@@ -42,7 +42,7 @@ def _before_class():
     import torch
 
     class _FusedLinearCE(torch.autograd.Function):
-        # verbatim mutor.loss._FusedLinearCE at commit 720178a (before 2026-11-23)
+        # verbatim mutor.core.loss._FusedLinearCE at commit 720178a (before 2026-11-23)
         @staticmethod
         def forward(ctx, hidden, weight, bias, targets, row_weight, softcap, chunk: int):
             N = hidden.shape[0]
@@ -98,7 +98,7 @@ def _before_class():
 def run_case(spec: dict) -> dict:
     import torch
 
-    from mutor.loss import fused_linear_cross_entropy
+    from mutor.core.loss import fused_linear_cross_entropy
 
     before_fn = _before_class()
     torch.set_num_threads(spec["threads"])

@@ -10,7 +10,7 @@ AdamW step, ``zero_grad``. Precisions:
 
 * ``fp32``: float32 weights and compute;
 * ``bf16``: bf16 base weights (LoRA adapters and the method's own parameters stay float32:
-  peft's ``autocast_adapter_dtype`` and :func:`mutor.wrapper.master_dtype`);
+  peft's ``autocast_adapter_dtype`` and :func:`mutor.methods.wrapper.master_dtype`);
 * ``autocast``: float32 weights, computed under ``torch.autocast(bfloat16)`` (what ``training.bf16: true``
   gives through Trainer);
 * ``bf16+autocast``: bf16 base weights *and* autocast (``model.dtype: bfloat16`` with ``training.bf16:
@@ -45,11 +45,11 @@ METHODS = ("next_token", "mutor", "multi_token")
 
 
 def _setup(recipe_name: str, overrides: list[str]):
-    from mutor.build import build_tokenizer
-    from mutor.collator import make_collator
-    from mutor.real import resolve_model_args
-    from mutor.recipe import load_recipe
-    from mutor.train import build_task
+    from mutor.data.collator import make_collator
+    from mutor.models.real import resolve_model_args
+    from mutor.run.build import build_tokenizer
+    from mutor.run.recipe import load_recipe
+    from mutor.run.train import build_task
 
     r = load_recipe(recipe_name, overrides)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))
@@ -62,8 +62,8 @@ def _setup(recipe_name: str, overrides: list[str]):
 
 
 def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, steps: int) -> dict:
-    from mutor.build import apply_lora, build_base_model, wrap_for_method
-    from mutor.clipping import clip_group
+    from mutor.integrations.clipping import clip_group
+    from mutor.run.build import apply_lora, build_base_model, wrap_for_method
 
     r = r.for_method(method)
     r.model.dtype = "bfloat16" if precision.startswith("bf16") else "float32"

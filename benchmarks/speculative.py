@@ -34,7 +34,7 @@ def _recipe(run: Path) -> dict:
     recipe_path = next((p for p in (run / "recipe.yaml", run.parent / "recipe.yaml") if p.exists()), None)
     if recipe_path is None:
         raise SystemExit(f"{run}: no recipe.yaml beside the model or in its parent; cannot tell its task")
-    from mutor.recipe import load_recipe
+    from mutor.run.recipe import load_recipe
 
     r = load_recipe(recipe_path)
     return {"data": dict(r.data or {}), "seed": r.seed}
@@ -79,7 +79,7 @@ def _load(run: str, dtype: str):
     if (Path(run) / "tokenizer_config.json").is_file() or (Path(run) / "adapter_config.json").is_file():
         base, tok = load_model_and_tokenizer(run, dtype=dtype, device="cpu")
         return MuToRModel.from_pretrained(run, base=base).eval(), tok
-    from mutor.devices import resolve_dtype
+    from mutor.utils.devices import resolve_dtype
 
     kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
     return MuToRModel.from_pretrained(run, **kw).eval(), None
@@ -89,7 +89,7 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
             lookup: int, dtype: str = "auto", data: str | None = None) -> dict:
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import run_info
-    from mutor.speculative import DraftLength, DraftStats, generate
+    from mutor.integrations.speculative import DraftLength, DraftStats, generate
 
     model, tok = _load(run, dtype)
     base = model.base_model

@@ -227,7 +227,7 @@ def _run_case(spec: dict) -> dict:
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
             return out.loss, out.num_registers
     elif spec["case"] == "multi_token":
-        from mutor.multi_token import MultiTokenConfig, MultiTokenModel
+        from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
 
         model = MultiTokenModel(base, MultiTokenConfig(d_max=spec.get("mt_d_max", 2), loss_weight=0.1),
                                 loss_chunk_size=spec.get("loss_chunk"))

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import torch
 from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,

@@ -73,7 +73,7 @@ def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None, keep=None):
 def random_checkpoint_run(path, data_block: str, tokenizer, steps=(1, 2)) -> None:
     """A stand-in run for checkpoint selection: a recipe.yaml with ``data_block`` and one tiny random model
     (with ``tokenizer``) per ``checkpoint-<step>``, each from its own seed."""
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     (path / "recipe.yaml").write_text(f"method: mutor\nseed: 0\ndata: {data_block}\n")
     for step in steps:

@@ -14,7 +14,7 @@ from benchmarks import speculative  # noqa: E402
 
 
 def test_text_task_run_in_two_dtypes(tmp_path):
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "run"
     run_recipe("tiny/gsm8k", ["method=mutor", "seed=0", "mutor.d_max=3", "prefix_attention=bidirectional",

@@ -29,6 +29,7 @@ def test_tiny_suite_has_every_case(tmp_path):
 def test_official_style_objective_matches_mutor():
     """The reference computes MuToR's loss: same offset, same registers, same value (it is a fair baseline)."""
     from families import make_model
+
     from mutor import MuToRConfig, MuToRModel
 
     base = make_model("llama")

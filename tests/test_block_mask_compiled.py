@@ -8,9 +8,9 @@ batch sizes and lengths, reuse the one graph. Equality is checked on the block s
 import pytest
 import torch
 
-from mutor.config import MuToRConfig
-from mutor.layout import build_layout
-from mutor.masks import block_mask
+from mutor.core.config import MuToRConfig
+from mutor.core.layout import build_layout
+from mutor.core.masks import block_mask
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
+from families import make_model, padded_batch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from families import make_model, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from mutor.config import SIDECAR_CONFIG
-from mutor.model import SIDECAR_WEIGHTS
+from mutor.core.config import SIDECAR_CONFIG
+from mutor.methods.mutor import SIDECAR_WEIGHTS
 
 
 def _trained(base, cfg=None, steps=4):

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutor.cli import main
-from mutor.errors import MutorUserError
+from mutor.run.cli import main
+from mutor.utils.errors import MutorUserError
 
 DATA = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data"
 # the star-graph recipe at smoke size: about a second of training per method on 2 CPU cores
@@ -61,13 +61,13 @@ def test_wrong_types_are_named(override, needle, tmp_path, capsys):
 def test_every_block_is_validated_before_any_method_trains(tmp_path, monkeypatch):
     """multi_token.d_max=0, or a misspelt training/lora key, fails before the first method trains or
     the model is built (today: after next_token and mutor trained, or after the model was loaded)."""
-    import mutor.train as train
+    import mutor.run.train as train
 
     def must_not_run(*a, **k):
         raise AssertionError("trained or built a model before validating the recipe")
 
     monkeypatch.setattr(train, "train_method", must_not_run)
-    monkeypatch.setattr(train, "build_base_model", must_not_run)   # train.py's own name for it (mutor.build)
+    monkeypatch.setattr(train, "build_base_model", must_not_run)   # train.py's own name for it (mutor.run.build)
     cases = [("multi_token.d_max=0", "MultiTokenConfig.d_max"),
              ("training.max_stepz=3", "'max_stepz': did you mean 'max_steps'?"),
              ("lora.rank=8", "recipe lora: unknown key(s) ['rank']"),
@@ -88,7 +88,7 @@ def test_empty_data_file_is_named(tmp_path, capsys):
 
 
 def _tiny_model_dir(path: Path) -> Path:
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     torch.manual_seed(0)
     tiny_causal_lm(64, "tiny-llama").save_pretrained(path)
@@ -113,7 +113,7 @@ def test_eval_on_a_directory_without_a_model_says_so(tmp_path, capsys):
 
 
 def test_ctrl_c_ends_as_one_line_naming_the_checkpoint_to_resume(tmp_path, capsys, monkeypatch):
-    from mutor.trainer import MuToRTrainer
+    from mutor.integrations.trainer import MuToRTrainer
 
     step = MuToRTrainer.training_step
 
@@ -191,7 +191,7 @@ def test_failed_launch_leaves_no_directory(tmp_path, capsys):
 
 # --------------------------------------------------------- output directories
 def _sg(tmp_path, name, *extra, **kw):
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     return run_recipe("star-graph", ["method=next_token", "training.max_steps=2", "training.save_steps=2", *SG,
                                      f"training.output_dir={tmp_path / name}", *extra], quiet=True, **kw)
@@ -265,7 +265,7 @@ def test_lora_run_on_a_random_init_base_loads_offline(tmp_path, monkeypatch, cap
     from transformers import AutoModelForCausalLM
 
     from mutor import MuToRModel
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "lora"
     run_recipe("tiny/samsum-lora", ["method=mutor", "training.max_steps=2", "training.save_steps=1",
@@ -335,7 +335,7 @@ def test_sample_shows_progress(tmp_path, capsys):
     from mutor.image.tokens import ImageLayout
 
     layout = ImageLayout(codebook_size=4, num_classes=2, height=2, width=2, levels=4)
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     torch.manual_seed(0)
     tiny_causal_lm(layout.vocab_size, "tiny-llama").save_pretrained(tmp_path / "img")
@@ -353,7 +353,7 @@ def test_unreachable_hub_dataset_is_one_line_error(monkeypatch):
     import huggingface_hub
 
     from mutor.data.text import load_rows
-    from mutor.errors import MutorUserError
+    from mutor.utils.errors import MutorUserError
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""Gradient clipping under MuToRTrainer (mutor.clipping): by default the model's update is clipped by the
+"""Gradient clipping under MuToRTrainer (mutor.integrations.clipping): by default the model's update is clipped by the
 model's own gradient norm, as it would be without mutor, and the wrapper's own parameters (register vector,
 Multi-Token heads) by theirs; ``grad_clip="joint"`` is Trainer's clipping of everything together.
 
@@ -17,11 +17,11 @@ import torch
 from transformers import TrainingArguments
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.clipping import check_grad_clip
-from mutor.collator import PaddingCollator
-from mutor.multi_token import MultiTokenConfig, MultiTokenModel
-from mutor.presets import tiny_causal_lm
-from mutor.trainer import MuToRTrainer
+from mutor.data.collator import PaddingCollator
+from mutor.integrations.clipping import check_grad_clip
+from mutor.integrations.trainer import MuToRTrainer
+from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.models.presets import tiny_causal_lm
 
 MAX_NORM = 0.05          # far below every group's norm here: both groups are clipped
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mutor.cli import main
-from mutor.errors import MutorUserError
 from mutor.eval.compare import collect_summaries, comparison_markdown, comparison_table
+from mutor.run.cli import main
+from mutor.utils.errors import MutorUserError
 
 SG = ["data.num_train=64", "data.num_test=8", "data.path_len=4", "data.num_nodes=20", "model.preset=tiny-llama",
       "training.report_to=[]", "training.eval_steps=2", "training.max_steps=2", "training.save_steps=2"]
@@ -109,8 +109,8 @@ def test_unknown_metric_is_named(tmp_path, capsys):
 def test_a_variant_run_is_recorded_and_evaluated_under_its_own_name(tmp_path):
     """Issue 15 item 1: `mutor eval --task run` wrote "method": "mutor" for the runs named mutor_1d and mutor_2d,
     so `mutor compare` averaged two different methods into one row."""
-    from mutor.recipe import load_recipe
-    from mutor.train import run_recipe
+    from mutor.run.recipe import load_recipe
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "sg"
     run_recipe("star-graph", ["method=mutor_a", "variants={mutor_a: {method: mutor, mutor: {d_max: 2}}}",
@@ -127,7 +127,7 @@ def test_a_variant_run_is_recorded_and_evaluated_under_its_own_name(tmp_path):
 
 def test_recorded_variant_recipe_names_the_variant(tmp_path):
     from mutor.eval.harness import run_info
-    from mutor.recipe import load_recipe
+    from mutor.run.recipe import load_recipe
 
     r = load_recipe("image/digits")
     for name in ("mutor_1d", "mutor_2d", "next_token"):

@@ -86,7 +86,7 @@ def _worker(argv: list[str]) -> None:
     from transformers import TrainingArguments
 
     from mutor import MuToRConfig, MuToRModel
-    from mutor.trainer import MuToRTrainer
+    from mutor.integrations.trainer import MuToRTrainer
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

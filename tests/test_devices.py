@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from device_spy import SENTINEL, DeviceRecord, SentinelMode, on_sentinel, sentinel_module_to
+
 from mutor.data import star_graph as sg
-from mutor.devices import model_device, resolve_device, resolve_dtype
 from mutor.eval.generation import greedy_generate
 from mutor.image.metrics import bits_per_token
 from mutor.image.sample import sample_codes
 from mutor.image.tokens import ImageLayout
-from mutor.presets import tiny_causal_lm
+from mutor.models.presets import tiny_causal_lm
 from mutor.testing import byte_tokenizer
+from mutor.utils.devices import model_device, resolve_device, resolve_dtype
 
 TASK = sg.StarGraphShape(degree=2, path_len=4, num_nodes=20)
 DIGITS = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)
@@ -182,7 +182,7 @@ def _star_graph_run(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_mutor_eval_run_task_loads_on_the_given_device_and_dtype(tmp_path, dtype):
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     d = _star_graph_run(tmp_path)
     main(["eval", "--task", "run", "--model", str(d), "--quiet", "--output-dir", str(tmp_path / "cpu"),
@@ -199,8 +199,8 @@ def test_mutor_eval_run_task_loads_on_the_given_device_and_dtype(tmp_path, dtype
 
 
 def test_mutor_eval_text_task_loads_on_the_given_device_and_dtype(tmp_path):
-    from mutor.cli import main
-    from mutor.recipe import CONFIG_DIR
+    from mutor.run.cli import main
+    from mutor.run.recipe import CONFIG_DIR
 
     d = tmp_path / "lm"
     tiny_causal_lm(259, seed=0).save_pretrained(d)
@@ -218,7 +218,7 @@ def test_mutor_eval_text_task_loads_on_the_given_device_and_dtype(tmp_path):
 
 
 def test_mutor_sample_loads_on_the_given_device_and_dtype(tmp_path):
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     d = tmp_path / "img"
     _image_model().save_pretrained(d)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from families import FAMILIES, FLEX, SLIDING, make_model, packed_batch, padded_batch
-from mutor import MuToRConfig, MuToRModel
 from references import TOL, kept_rows, plain_forward, register_refs, run_mutor
+
+from mutor import MuToRConfig, MuToRModel
 
 BATCHES = {"padded": padded_batch, "packed": packed_batch}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from families import make_model
+
 from mutor.eval import metrics
 from mutor.eval.generation import greedy_generate, prefix_mask
 
@@ -150,7 +150,7 @@ def test_prefix_mask_and_eos_stop():
 
 # ----------------------------------------------------------------- end to end
 def _train(tmp_path, name, seed):
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     out = tmp_path / name
     run_recipe("tiny/gsm8k", ["method=mutor", f"seed={seed}", "training.max_steps=2", "training.save_steps=1",
@@ -160,7 +160,7 @@ def _train(tmp_path, name, seed):
 
 
 def test_eval_command_end_to_end_with_checkpoint_selection(tmp_path, capsys):
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     run0, run1 = _train(tmp_path, "s0", 0), _train(tmp_path, "s1", 1)
     data = str(DATA / "gsm8k_tiny.jsonl")
@@ -188,7 +188,7 @@ def test_eval_command_end_to_end_with_checkpoint_selection(tmp_path, capsys):
 
 def test_validation_selection_for_aqua(tmp_path):
     from mutor.eval.harness import evaluate_checkpoints
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "aqua"
     run_recipe("tiny/gsm8k", ["method=next_token", "training.max_steps=2", "training.save_steps=1",
@@ -211,8 +211,8 @@ def test_errors_are_named(tmp_path):
 
 def test_eval_run_task_for_a_synthetic_run(tmp_path):
     """`mutor eval --task run` evaluates a star-graph model on its run's own held-out graphs."""
-    from mutor.cli import main
-    from mutor.train import run_recipe
+    from mutor.run.cli import main
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "sg"
     res = run_recipe("star-graph", ["method=next_token", "training.max_steps=2", "training.eval_steps=2",
@@ -230,7 +230,7 @@ def test_eval_run_task_for_a_synthetic_run(tmp_path):
 def test_eval_with_draft_registers_gives_the_same_generations(tmp_path):
     """`mutor eval --draft-registers K` decodes with the registers as drafters: same generations and scores as
     plain greedy evaluation (bidirectional prefix, as trained), plus the drafting statistics."""
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     run = _train(tmp_path, "s0", 0)
     data = str(DATA / "gsm8k_tiny.jsonl")

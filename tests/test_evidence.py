@@ -18,7 +18,7 @@ import report  # noqa: E402
 
 
 def test_shipped_plan_resolves_to_valid_recipes():
-    from mutor.recipe import load_recipe
+    from mutor.run.recipe import load_recipe
 
     _, runs = driver.load_plan(driver.HERE / "plan.yaml")
     assert runs and len({r.key for r in runs}) == len(runs)
@@ -153,7 +153,8 @@ def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_
     """experiments/evidence/drafting.py: greedy and register drafting (K = 2..d_max) on the same prompts,
     at batch size 1; drafting is lossless, so every K gives greedy's tokens."""
     import drafting
-    from mutor.train import run_recipe
+
+    from mutor.run.train import run_recipe
 
     out = tmp_path / "run"
     run_recipe("tiny/gsm8k", ["method=mutor", "seed=0", "mutor.d_max=3", "training.max_steps=2",

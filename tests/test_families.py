@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from families import MORE_FAMILIES, REFUSED_FAMILIES, make_family, make_refused, packed_batch, padded_batch
-from mutor import MuToRConfig, MuToRModel
-from mutor.multi_token import MultiTokenModel
 from references import TOL, kept_rows, plain_forward, register_refs, run_mutor
+
+from mutor import MuToRConfig, MuToRModel
+from mutor.methods.multi_token import MultiTokenModel
 
 # offsets per row (indices into offset_choices, d = index + 1): padded has 3 rows, packed 2; together d = 1..4
 OFFSETS = {"padded": (padded_batch, [0, 1, 2]), "packed": (packed_batch, [3, 1])}

@@ -35,8 +35,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.model import SIDECAR_WEIGHTS
-from mutor.multi_token import MT_WEIGHTS, MultiTokenConfig, MultiTokenModel
+from mutor.methods.multi_token import MT_WEIGHTS, MultiTokenConfig, MultiTokenModel
+from mutor.methods.mutor import SIDECAR_WEIGHTS
 
 VOCAB = 61
 
@@ -98,7 +98,7 @@ def test_save_pretrained_writes_the_gathered_state_dict_not_the_live_parameters(
 def test_trainer_save_with_a_gathered_state_dict_writes_its_values(kind, tmp_path):
     from transformers import TrainingArguments
 
-    from mutor.trainer import MuToRTrainer
+    from mutor.integrations.trainer import MuToRTrainer
 
     model = _wrapper(kind)
     trainer = MuToRTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True,
@@ -239,7 +239,7 @@ def _worker(argv: list[str]) -> None:
 
     from transformers import TrainerCallback, TrainingArguments
 
-    from mutor.trainer import MuToRTrainer
+    from mutor.integrations.trainer import MuToRTrainer
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

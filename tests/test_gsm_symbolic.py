@@ -12,13 +12,20 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from mutor.data.gsm_symbolic import (DEFAULTS, GSM_SYMBOLIC, gsm_symbolic_examples, gsm_symbolic_splits,  # noqa: E402
-                                     make_split, template_ids)
+from references import random_checkpoint_run  # noqa: E402
+
+from mutor.data.gsm_symbolic import (  # noqa: E402
+    DEFAULTS,
+    GSM_SYMBOLIC,
+    gsm_symbolic_examples,
+    gsm_symbolic_splits,
+    make_split,
+    template_ids,
+)
 from mutor.data.registry import build_training_data  # noqa: E402
-from mutor.errors import MutorUserError  # noqa: E402
 from mutor.eval import metrics  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
-from references import random_checkpoint_run  # noqa: E402
+from mutor.utils.errors import MutorUserError  # noqa: E402
 
 SUFFIX = "Give the result as your final answer."
 
@@ -116,7 +123,7 @@ def test_eval_reads_the_runs_data_options(tmp_path):
 def test_mutor_eval_scores_both_test_splits(tmp_path):
     """`mutor eval --task gsm_symbolic` on a tiny random model: both splits, each its own compare column."""
     from mutor.eval.harness import evaluate_model, get_benchmark
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     tok = byte_tokenizer()
     model = tiny_causal_lm(len(tok), seed=0).eval()

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from mutor import MuToRConfig
+from mutor.core.layout import build_layout
 from mutor.image.data import ImageTokenDataset, load_codes, load_digits_split
 from mutor.image.metrics import frechet_distance, precision_recall
 from mutor.image.sample import sample_codes
 from mutor.image.tokens import ImageLayout
-from mutor.layout import build_layout
-from mutor.presets import tiny_causal_lm
+from mutor.models.presets import tiny_causal_lm
 
 LAYOUT = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)
 
@@ -142,8 +142,8 @@ def test_metrics_on_known_distributions():
 
 # ---------------------------------------------------------- tiny training
 def test_tiny_digits_run_lowers_bits_per_token_and_samples(tmp_path, capsys):
-    from mutor.cli import main
-    from mutor.train import run_recipe
+    from mutor.run.cli import main
+    from mutor.run.train import run_recipe
 
     out = run_recipe("image/digits", ["training.max_steps=40", "training.eval_steps=40", "training.save_steps=40",
                                       "data.eval_samples_per_class=3", "data.cfg_scales=[1.0,2.0]",

@@ -1,4 +1,4 @@
-"""Property-based tests of ``mutor.layout.build_layout`` and ``mutor.masks.allowed_dense``.
+"""Property-based tests of ``mutor.core.layout.build_layout`` and ``mutor.core.masks.allowed_dense``.
 
 Every expectation is computed by a naive pure-Python reference written from the
 rule in layout.py's docstring (loops over tokens, no reuse of mutor's vectorised
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutor import MuToRConfig
-from mutor.layout import build_layout
-from mutor.masks import allowed_dense
+from mutor.core.layout import build_layout
+from mutor.core.masks import allowed_dense
 
 IGN = -100
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import make_model, packed_batch, padded_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from families import make_model, packed_batch, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from mutor.loss import fused_linear_cross_entropy
+from mutor.core.loss import fused_linear_cross_entropy
 
 
 @pytest.mark.parametrize("softcap", [None, 3.0])

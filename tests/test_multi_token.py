@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from families import make_model, packed_batch, padded_batch
 from transformers import AutoModelForCausalLM
 
-from families import make_model, packed_batch, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from mutor.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"]
 BATCHES = {"padded": padded_batch, "packed": packed_batch}

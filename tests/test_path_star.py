@@ -14,7 +14,7 @@ import reasoning_gym  # noqa: E402
 
 from mutor.data.path_star import parse_path_star, path_star_examples  # noqa: E402
 from mutor.data.star_graph import NUM_SPECIAL, StarGraphShape, evaluate, is_valid_path  # noqa: E402
-from mutor.errors import MutorUserError  # noqa: E402
+from mutor.utils.errors import MutorUserError  # noqa: E402
 
 
 @pytest.mark.parametrize("degree, path_len, num_nodes", [(2, 3, 20), (2, 5, 50), (3, 4, 40)])
@@ -88,7 +88,7 @@ def test_our_evaluator_runs_on_them_and_agrees_with_an_oracle():
 
 def test_mutor_eval_run_source_path_star(tmp_path):
     from mutor.eval.harness import evaluate_run_task
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     (tmp_path / "recipe.yaml").write_text("method: mutor\nseed: 0\ndata: {task: star_graph, degree: 2, path_len: 3, "
                                           "num_nodes: 20, num_train: 200, num_test: 12}\n")

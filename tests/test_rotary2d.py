@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from references import TOL, register_refs, run_mutor
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from mutor import MuToRConfig, MuToRModel
 from mutor.image.rotary2d import GridRotaryEmbedding, apply_saved_rotary_2d, use_rotary_2d
 from mutor.image.sample import sample_codes
 from mutor.image.tokens import ImageLayout
-from mutor.presets import tiny_causal_lm
-from references import TOL, register_refs, run_mutor
+from mutor.models.presets import tiny_causal_lm
 
 LAYOUT = ImageLayout(codebook_size=8, num_classes=10, height=4, width=4, levels=8)
 
@@ -101,7 +101,7 @@ def test_cached_sampling_matches_full_forward_under_2d_rotary():
 def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     out = run_recipe("image/digits", ["method=mutor_2d", "model.rotary_2d=true", "model.preset=tiny-llama",
                                       "training.max_steps=4", "training.eval_steps=4", "training.save_steps=4",
@@ -118,7 +118,7 @@ def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path,
     assert isinstance(model.model.rotary_emb, GridRotaryEmbedding)
     # `mutor sample` puts the grid back too (the model it samples from has the 2D rotary)
     import mutor.image.sample as sample_mod
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     seen = []
 
@@ -134,7 +134,7 @@ def test_rotary_2d_run_saves_vanilla_checkpoints_and_restores_the_grid(tmp_path,
 
 
 def test_rotary_2d_needs_an_image_task():
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     with pytest.raises(ValueError, match="rotary_2d needs an image task"):
         run_recipe("tiny/gsm8k", ["model.rotary_2d=true", "training.max_steps=1"], quiet=True)

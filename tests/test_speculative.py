@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import mutor.speculative as spec
 from families import VOCAB, make_model
+
+import mutor.integrations.speculative as spec
 from mutor import MuToRConfig, MuToRModel
 
 CASES = [("llama", None), ("gpt2", None), ("qwen3", 3), ("gemma2", 3), ("gemma3", 3), ("mistral", 3), ("gemma3", None)]

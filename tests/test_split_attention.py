@@ -1,13 +1,13 @@
-"""Split attention (mutor.attention) equals the dense (T+R)x(T+R) mask path: logits, losses and gradients."""
+"""Split attention (mutor.core.attention) equals the dense (T+R)x(T+R) mask path: logits, losses and gradients."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
 from families import make_model, packed_batch, padded_batch
+
 from mutor import MuToRConfig, MuToRModel
-from mutor import attention as split_mod
+from mutor.core import attention as split_mod
 
 SDPA_FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "mistral", "gpt2"]
 

@@ -9,11 +9,10 @@ import random
 import pytest
 import torch
 
-from mutor.cli import build_parser, main
-from mutor.collator import PaddingCollator
 from mutor.data import star_graph as demo
-from mutor.eval.generation import left_pad
-from mutor.presets import tiny_causal_lm
+from mutor.data.collator import PaddingCollator, left_pad
+from mutor.models.presets import tiny_causal_lm
+from mutor.run.cli import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TASKS = [demo.StarGraphShape(), demo.StarGraphShape(degree=3, path_len=4, num_nodes=20),
@@ -144,7 +143,7 @@ def test_batched_left_padded_greedy_matches_one_by_one():
 def test_default_recipe_is_the_star_graph_comparison():
     args = build_parser().parse_args(["train"])
     assert args.recipe == "star-graph" and args.overrides == []
-    from mutor.recipe import load_recipe
+    from mutor.run.recipe import load_recipe
 
     r = load_recipe("star-graph")
     assert r.methods == ["next_token", "mutor"] and r.data["task"] == "star_graph"
@@ -158,7 +157,7 @@ def test_star_graph_preset_names_match_their_graphs(name):
     """star_graph/g{degree}-{path_len}*.yaml trains on exactly that graph (a renamed preset once did not)."""
     import re
 
-    from mutor.recipe import load_recipe
+    from mutor.run.recipe import load_recipe
 
     degree, path_len = map(int, re.search(r"g(\d+)-(\d+)", name).groups())
     r = load_recipe(f"star_graph/{name}")
@@ -218,7 +217,7 @@ def test_tiny_default_job_end_to_end(tmp_path, capsys):
 
 def test_continue_training_from_a_local_run(tmp_path):
     """A trained run is a vanilla model directory: a recipe can start from it (no tokenizer needed)."""
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     small = ["training.save_steps=2", "training.eval_steps=2", "data.num_train=64", "data.num_test=8",
              "data.path_len=4", "data.num_nodes=20", "model.preset=tiny-llama", "training.report_to=[]"]
@@ -237,7 +236,7 @@ def test_gpt2_recipes_run_with_a_tiny_local_gpt2(recipe, tmp_path):
     ids mapped onto its vocabulary) on a tiny random GPT-2 saved locally in place of the Hub weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(vocab_size=160, n_positions=128, n_embd=32, n_layer=2, n_head=2)).save_pretrained(

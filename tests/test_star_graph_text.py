@@ -79,8 +79,8 @@ def test_evaluator_scores_an_oracle_one_and_a_wrong_first_hop_zero():
 
 
 def test_text_run_trains_and_evaluates_end_to_end(tmp_path):
-    from mutor.cli import main
     from mutor.eval.harness import evaluate_run_task
+    from mutor.run.cli import main
 
     out = tmp_path / "run"
     assert main(["train", "star_graph/g2-5-cpu", "method=mutor", "model.preset=tiny-llama", "model.tokenizer=byte",

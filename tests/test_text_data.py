@@ -10,9 +10,9 @@ import pytest
 from mutor.data import build_training_data
 from mutor.data.templates import TEMPLATES, get_template, render_completion, render_prompt
 from mutor.data.text import build_from_template
-from mutor.recipe import CONFIG_DIR, load_recipe
+from mutor.run.build import training_arguments
+from mutor.run.recipe import CONFIG_DIR, load_recipe
 from mutor.testing import byte_tokenizer
-from mutor.build import training_arguments
 
 FIX = Path(__file__).parent / "fixtures" / "data"
 

@@ -11,15 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.collator import PaddingCollator
-from mutor.layout import build_layout
-from mutor.multi_token import MultiTokenConfig, MultiTokenModel
-from mutor.next_token import NextTokenModel
-from mutor.presets import tiny_causal_lm
-from mutor.recipe import load_recipe
+from mutor.core.layout import build_layout
+from mutor.data.collator import PaddingCollator
+from mutor.integrations.trainer import MuToRTrainer
+from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
+from mutor.methods.next_token import NextTokenModel
+from mutor.models.presets import tiny_causal_lm
+from mutor.run.recipe import load_recipe
+from mutor.run.train import run_recipe
 from mutor.testing import byte_tokenizer
-from mutor.train import run_recipe
-from mutor.trainer import MuToRTrainer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"
 
@@ -118,7 +118,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg, monkeypatch)
 
 def test_fractional_eval_steps_are_a_share_of_max_steps(tmp_path):
     """eval_steps < 1 is a fraction of max_steps, resolved as Trainer does: ceil(5 * 0.3) = every 2 steps."""
-    from mutor.trainer import eval_interval
+    from mutor.integrations.trainer import eval_interval
 
     assert eval_interval(0.3, 5) == 2 and eval_interval(0.001, 5) == 1 and eval_interval(3, 5) == 3
     assert eval_interval(None, 5) is None and eval_interval(0, 5) is None
@@ -181,7 +181,7 @@ def test_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tmp_path, se
 def test_total_flos_counts_the_positions_each_method_runs(tmp_path):
     """total_flos is Trainer's 6 x positions x parameters over what each wrapper runs: next-token's equals a plain
     Trainer run's, MuToR adds its registers, Multi-Token its heads (it was 0 for every wrapper)."""
-    from mutor.next_token import NextTokenConfig
+    from mutor.methods.next_token import NextTokenConfig
 
     data = _examples()
     flos = {}
@@ -287,7 +287,7 @@ def test_chunked_loss_applies_to_the_next_token_baseline_too():
     for speed and memory), and that loss is still the plain next-token loss."""
     from types import SimpleNamespace
 
-    from mutor.build import wrap_for_method
+    from mutor.run.build import wrap_for_method
 
     recipe = load_recipe(dict(RECIPE, method="next_token", loss_chunk_size=5))
     base = tiny_causal_lm(259, seed=0)
@@ -308,8 +308,8 @@ def test_next_token_baseline_is_honest(tmp_path):
     and a checkpoint that is the vanilla model plus one config file recording the prefix attention."""
     from types import SimpleNamespace
 
-    from mutor.build import wrap_for_method
     from mutor.eval.harness import run_info
+    from mutor.run.build import wrap_for_method
 
     recipe = load_recipe(dict(RECIPE, method="next_token", prefix_attention="bidirectional"))
     model = wrap_for_method(tiny_causal_lm(259, seed=0), recipe, "next_token", SimpleNamespace(mutor_overrides={}))
@@ -412,7 +412,7 @@ def test_a_preset_recipe_switches_to_a_real_model_by_override(tmp_path):
 
 
 def test_shipped_launch_configs_are_listed_apart_from_recipes():
-    from mutor.recipe import find_recipe
+    from mutor.run.recipe import find_recipe
 
     with pytest.raises(FileNotFoundError, match="is an accelerate launch config, not a recipe"):
         find_recipe("accelerate/ddp-8gpu")
@@ -456,7 +456,7 @@ def test_template_loss_only_on_completion_and_length_filter():
 
 
 def test_cli_runs_a_shipped_recipe(tmp_path):
-    from mutor.cli import main
+    from mutor.run.cli import main
 
     main(["train", "tiny/gsm8k", "method=[next_token,mutor,multi_token]", "training.max_steps=2",
           "training.save_steps=2", "training.report_to=[]", "training.disable_tqdm=true",
@@ -496,7 +496,7 @@ def test_gradient_checkpointing_under_trainer_and_trl_names_raises_no_deprecatio
     v6 deprecation warnings, and checkpointing is really on during training."""
     import warnings
 
-    from mutor.build import apply_lora
+    from mutor.run.build import apply_lora
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -517,7 +517,7 @@ def test_gradient_checkpointing_under_trainer_and_trl_names_raises_no_deprecatio
 def test_recipes_gradient_checkpointing_key_reaches_trainer_by_its_current_name(tmp_path):
     import warnings
 
-    from mutor.build import training_arguments
+    from mutor.run.build import training_arguments
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import FAMILIES, make_model, padded_batch
 from peft import LoraConfig, get_peft_model
+from references import TOL, kept_rows, register_refs, run_mutor
 from torch import nn
 
-from families import FAMILIES, make_model, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from references import TOL, kept_rows, register_refs, run_mutor
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -21,12 +21,12 @@ from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 
 from mutor import MuToRConfig, MuToRModel  # noqa: E402
-from mutor.multi_token import MultiTokenConfig, MultiTokenModel  # noqa: E402
-from mutor.presets import tiny_causal_lm  # noqa: E402
-from mutor.trl import MuToRSFTTrainer  # noqa: E402
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
+from mutor.integrations.trl import MuToRSFTTrainer  # noqa: E402
+from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel  # noqa: E402
+from mutor.models.presets import tiny_causal_lm  # noqa: E402
 
 datasets.disable_progress_bars()
 

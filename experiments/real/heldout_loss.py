@@ -3,7 +3,7 @@
 For each model directory (a run's final model, or the base model itself), the mean next-token
 cross-entropy over the answer tokens (chain of thought + eos) of the first ``--limit`` examples of
 both held-out splits, with the prompt under the prefix attention the run was trained with (read from
-the run, as ``mutor eval`` reads it). The loss goes through :class:`mutor.next_token.NextTokenModel`,
+the run, as ``mutor eval`` reads it). The loss goes through :class:`mutor.methods.next_token.NextTokenModel`,
 the same mask and loss path as training. The standard error is over examples (each example's mean
 token loss is one sample; the reported mean is token-weighted, as training's); each example's loss and
 token count are kept, so two models can be compared pairwise on the same examples.
@@ -22,11 +22,11 @@ import torch
 
 
 def answer_losses(model_dir: str, split: str, limit: int, prefix_attention: str) -> dict:
-    from mutor.collator import PaddingCollator
+    from mutor.data.collator import PaddingCollator
     from mutor.data.gsm_symbolic import GSM_SYMBOLIC, gsm_symbolic_examples
     from mutor.data.text import tokenize_pair
     from mutor.eval.harness import load_model_and_tokenizer
-    from mutor.next_token import NextTokenConfig, NextTokenModel
+    from mutor.methods.next_token import NextTokenConfig, NextTokenModel
 
     base, tok = load_model_and_tokenizer(model_dir, device="cpu")
     model = NextTokenModel(base, NextTokenConfig(prefix_attention=prefix_attention)).eval()

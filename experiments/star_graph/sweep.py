@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 nice -n 10 python experiments/star_graph/sweep.py NAME [key=value ...]
 
-Runs ``mutor.train.run_recipe("base.yaml", overrides)`` (base.yaml: the default recipe when the search began) (log lines, no progress bar) with checkpoints and
+Runs ``mutor.run.train.run_recipe("base.yaml", overrides)`` (base.yaml: the default recipe when the search began) (log lines, no progress bar) with checkpoints and
 TensorBoard under /work/exp/sg/NAME (or $SG_OUT/NAME), then appends one JSON line per method to
 ``experiments/star_graph/results.jsonl``: the overrides, steps, wall time, the final and best
 held-out solve rate / first hop, and the whole evaluation history (small). ``--resume``
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from mutor.train import run_recipe
+    from mutor.run.train import run_recipe
 
     base = ["threads=1", "training.report_to=[]", "training.save_steps=100000", "training.logging_steps=100",
             "training.disable_tqdm=true", f"training.output_dir={OUT / name}"]

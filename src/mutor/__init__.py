@@ -1,9 +1,26 @@
-"""mutor: multi-token prediction with register tokens (MuToR) for transformers causal LMs."""
+"""mutor: multi-token prediction with register tokens (MuToR) for transformers causal LMs.
 
-from .config import MuToRConfig
-from .layout import RegisterLayout, build_layout
-from .model import MuToRModel, MuToROutput
-from .speculative import DraftStats, generate
+The public API. The trainers are imported on first use (``MuToRSFTTrainer`` needs the ``trl`` extra).
+"""
 
-__all__ = ["DraftStats", "MuToRConfig", "MuToRModel", "MuToROutput", "RegisterLayout", "build_layout", "generate"]
+from .core.config import MuToRConfig
+from .core.layout import RegisterLayout, build_layout
+from .integrations.speculative import DraftStats, generate
+from .methods.multi_token import MultiTokenConfig, MultiTokenModel
+from .methods.mutor import MuToRModel, MuToROutput
+from .methods.next_token import NextTokenConfig, NextTokenModel
+
+__all__ = ["DraftStats", "MuToRConfig", "MuToRModel", "MuToROutput", "MuToRSFTTrainer", "MuToRTrainer",
+           "MultiTokenConfig", "MultiTokenModel", "NextTokenConfig", "NextTokenModel", "RegisterLayout",
+           "build_layout", "generate"]
 __version__ = "0.1.0"
+
+_LAZY = {"MuToRTrainer": "mutor.integrations.trainer", "MuToRSFTTrainer": "mutor.integrations.trl"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mutor' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m mutor <command>`` (and ``accelerate launch -m mutor train ...`` for multi-GPU)."""
 
-from .cli import main
+from .run.cli import main
 
 raise SystemExit(main())

@@ -32,7 +32,7 @@ import importlib.util
 from random import Random
 from typing import Any, Optional
 
-from ..errors import MutorUserError
+from ..utils.errors import MutorUserError
 from .registry import TrainingData, register_task
 from .templates import TextTemplate
 

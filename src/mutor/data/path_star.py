@@ -26,7 +26,7 @@ import re
 from random import Random
 from typing import Optional
 
-from ..errors import MutorUserError
+from ..utils.errors import MutorUserError
 from .star_graph import Example, StarGraphShape, is_valid_path
 
 __all__ = ["parse_path_star", "relabel", "path_star_examples"]

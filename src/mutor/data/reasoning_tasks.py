@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Optional
 
-from ..errors import MutorUserError
+from ..utils.errors import MutorUserError
 from .registry import TrainingData, register_task
 from .templates import TextTemplate
 
@@ -55,7 +55,7 @@ def _check(options: dict) -> dict:
     from reasoning_gym.factory import DATASETS
 
     if o["dataset"] not in DATASETS:
-        from ..recipe import did_you_mean
+        from ..utils.errors import did_you_mean
 
         raise MutorUserError(f"data.dataset {o['dataset']!r} is not a reasoning-gym task"
                              f"{did_you_mean([str(o['dataset'])], sorted(DATASETS))}; e.g. spell_backward, "

@@ -25,9 +25,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..collator import PaddingCollator
-from ..eval.generation import left_pad
-from ..layout import IGNORE_INDEX
+from ..core.layout import IGNORE_INDEX
+from .collator import PaddingCollator, left_pad
 from .registry import TrainingData, register_task
 
 PAD, EDGE_SEP, QUERY_SEP, ANSWER_SEP = 0, 1, 2, 3
@@ -193,7 +192,7 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
     ``a1`` only (ln(degree) for a model that knows the source's neighbours but not the way).
     Batches are built on the CPU and sent to the model's device; the loss is taken in float32.
     """
-    from ..devices import model_device
+    from ..utils.devices import model_device
 
     dev = model_device(base)
     was_training = base.training

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..layout import IGNORE_INDEX
+from ..core.layout import IGNORE_INDEX
 from .star_graph import Example, is_valid_path
 
 
@@ -61,9 +61,8 @@ class TextStarGraphDataset(torch.utils.data.Dataset):
 def evaluate(model, tokenizer, examples: Sequence[Example], batch_size: int = 64,
              max_new_tokens: Optional[int] = None) -> dict:
     """Greedy decoding and the teacher-forced answer loss on ``examples`` (see the module docstring)."""
-    from ..collator import PaddingCollator
-    from ..devices import model_device
-    from ..eval.generation import left_pad
+    from ..utils.devices import model_device
+    from .collator import PaddingCollator, left_pad
 
     dev = model_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..layout import IGNORE_INDEX
+from ..core.layout import IGNORE_INDEX
 from .registry import TrainingData, register_task
 from .templates import TEMPLATES, TextTemplate, get_template, render_completion, render_prompt
 
@@ -66,7 +66,7 @@ def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[st
     import datasets
     import huggingface_hub
 
-    from ..errors import HUB_PROBE_TIMEOUT_S, MutorUserError, is_offline
+    from ..utils.errors import HUB_PROBE_TIMEOUT_S, MutorUserError, is_offline
 
     if is_offline():
         return datasets.load_dataset(hub_id, hub_config, split=split)
@@ -125,7 +125,7 @@ def run_data_block(model_path: Optional[str], task: str) -> dict:
     trained ``task``; else ``{}``. Generated tasks rebuild their evaluation splits from it."""
     from pathlib import Path
 
-    from ..io import yaml_load
+    from ..utils.io import yaml_load
 
     if model_path is None:
         return {}
@@ -174,7 +174,7 @@ def _check_no_empty_fields(template: TextTemplate, rows, path, what: str) -> Non
     as the text "None": refuse it, naming the file, the row and the field."""
     import string
 
-    from ..errors import MutorUserError
+    from ..utils.errors import MutorUserError
 
     formats = (template.prompt, template.completion)
     fields = {f for fmt in formats for _, f, _, _ in string.Formatter().parse(fmt) if f}

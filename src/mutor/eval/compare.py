@@ -29,8 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from ..errors import MutorUserError
-from ..io import atomic_write, write_json_atomic, write_text_atomic
+from ..utils.errors import MutorUserError
+from ..utils.io import atomic_write, write_json_atomic, write_text_atomic
 
 __all__ = ["collect_summaries", "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure",
            "final_eval", "one_per_run", "print_comparison", "run_of", "verdict", "write_comparison"]
@@ -341,7 +341,7 @@ def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str
 
 # ------------------------------------------------------------------ writing
 def write_comparison(root: Path, recipe, runs: list[dict]) -> None:
-    """``mutor train``'s files for a recipe (a :class:`~mutor.recipe.Recipe`) and its runs so far."""
+    """``mutor train``'s files for a recipe (a :class:`~mutor.run.recipe.Recipe`) and its runs so far."""
     write_json_atomic(root / "comparison.json", {"recipe": recipe.to_dict(), "runs": runs})
     write_text_atomic(root / "comparison.md", comparison_markdown(runs))
     _save(curves_figure(runs, title=recipe.name), root / "curves.png")

@@ -15,19 +15,9 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["left_pad", "greedy_generate", "prefix_mask"]
+from ..data.collator import left_pad
 
-
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad prompts for batched generation: (ids, attention_mask), each (B, longest prompt)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        if len(s):
-            ids[b, T - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[b, T - len(s):] = 1
-    return ids, mask
+__all__ = ["greedy_generate", "prefix_mask"]
 
 
 def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype,
@@ -75,7 +65,7 @@ def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[
     than the longest answer times the batch; the prefill keeps only the last position's logits."""
     from transformers import DynamicCache
 
-    from ..masks import attention_windows
+    from ..core.masks import attention_windows
 
     dev = ids.device
     cfg = model.config
@@ -118,7 +108,7 @@ def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: 
     """Greedy completions (token ids, cut after eos) of one batch of tokenized prompts."""
     if prefix_attention not in ("causal", "bidirectional"):
         raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional' (got {prefix_attention!r})")
-    from ..devices import model_device
+    from ..utils.devices import model_device
 
     ids, am = left_pad(prompt_ids, pad_id)
     ids, am = ids.to(model_device(model)), am.to(model_device(model))              # (B, P)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from ..data.templates import TextTemplate, get_template, reference_answer, render_prompt
-from ..io import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from ..methods.registry import method_of_run
+from ..utils.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from . import metrics
 
 __all__ = ["Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark", "evaluate_model",
@@ -69,7 +70,7 @@ for _name in ("samsum", "dialogsum"):
 
 
 def _gsm_symbolic_examples(split: str, limit: Optional[int], model_path: Optional[str]) -> list[dict]:
-    from ..data.gsm_symbolic import gsm_symbolic_examples       # reasoning-gym is imported only when used
+    from ..data.gsm_symbolic import gsm_symbolic_examples  # reasoning-gym is imported only when used
 
     return gsm_symbolic_examples(split, limit, model_path)
 
@@ -116,12 +117,11 @@ def get_benchmark(name: str) -> Benchmark:
 def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: str = "auto",
                              device: Optional[str] = None):
     """The model (a peft adapter directory merged) in ``dtype`` on ``device`` (default: a GPU when there is
-    one; see :mod:`mutor.devices`), and its tokenizer with a pad token."""
+    one; see :mod:`mutor.utils.devices`), and its tokenizer with a pad token."""
     from transformers import AutoTokenizer
 
-    from ..devices import load_causal_lm, resolve_device, resolve_dtype
-
-    from ..errors import from_pretrained, load_peft_model
+    from ..utils.devices import load_causal_lm, resolve_device, resolve_dtype
+    from ..utils.errors import from_pretrained, load_peft_model
 
     p = Path(path)
     if (p / "adapter_config.json").is_file():     # on its recorded base (a LoRA run's saved random init too)
@@ -137,7 +137,7 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
 
 def run_info(path: str) -> dict:
     """``method``, ``seed``, ``prefix_attention`` of the run a model directory came from (recipe / sidecar)."""
-    from ..io import yaml_load
+    from ..utils.io import yaml_load
 
     info: dict = {}
     p = Path(path)
@@ -148,9 +148,10 @@ def run_info(path: str) -> dict:
             for k in ("method", "seed", "prefix_attention", "name"):
                 if k in data and k not in info:
                     info[k] = data[k]
-    for sidecar in ("mutor_config.json", "multi_token_config.json", "next_token_config.json"):
-        if (p / sidecar).is_file() and "prefix_attention" not in info:
-            info["prefix_attention"] = json.loads((p / sidecar).read_text()).get("prefix_attention", "causal")
+    method = method_of_run(p)                     # the sidecar a wrapper's checkpoint holds, if any
+    if method is not None and "prefix_attention" not in info:
+        sidecar = p / method.wrapper_class.config_file
+        info["prefix_attention"] = json.loads(sidecar.read_text()).get("prefix_attention", "causal")
     return info
 
 
@@ -181,7 +182,7 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
 
     The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
     ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K or ``"auto"``: decode one example at a
-    time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed) (:mod:`mutor.speculative`; the same tokens as greedy
+    time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed) (:mod:`mutor.integrations.speculative`; the same tokens as greedy
     decoding), and record the drafting statistics in the summary. ``decode(prompt_ids, max_new_tokens, eos_id)``
     replaces batched greedy decoding."""
     from tqdm.auto import tqdm
@@ -242,12 +243,12 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
 
     import torch
 
-    from ..model import MuToRModel
-    from ..speculative import DraftLength, DraftStats, generate
+    from ..integrations.speculative import DraftLength, DraftStats, generate
+    from ..methods.mutor import MuToRModel
 
-    if not (Path(model_path) / "mutor_config.json").is_file():
+    if not (Path(model_path) / MuToRModel.config_file).is_file():
         raise ValueError(f"--draft-registers needs a MuToR checkpoint (model + mutor sidecar); {model_path} has no "
-                         "mutor_config.json")
+                         f"{MuToRModel.config_file}")
     base, tok = load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)   # LoRA merged
     drafter = MuToRModel.from_pretrained(model_path, base=base).to(base.device).eval()
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
@@ -346,9 +347,8 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     task options (e.g. ``{"num_test": 2000}``). The model is loaded in ``dtype`` on ``device`` (default: a
     GPU when there is one).
     """
-    from ..io import yaml_load
-
     from ..data.registry import build_training_data
+    from ..utils.io import yaml_load
 
     p = Path(model_path)
     recipe = next((d / "recipe.yaml" for d in (p, p.parent) if (d / "recipe.yaml").is_file()), None)
@@ -360,7 +360,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     name = data.pop("task")
     data.pop("packing", None)
     from ..data.templates import TEMPLATES
-    from ..errors import MutorUserError, from_pretrained
+    from ..utils.errors import MutorUserError, from_pretrained
 
     if name in TEMPLATES or name in BENCHMARKS or name in ("text", "prompt_completion"):
         use = f"--task {name}" if name in BENCHMARKS else f"--task with one of {sorted(BENCHMARKS)}"
@@ -376,8 +376,8 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
         raise ValueError(f"task {name!r} has no evaluator; use one of {sorted(BENCHMARKS)} for text benchmarks")
     if source is not None:                 # test graphs from an independent generator, same evaluator
         training_data = _with_source(training_data, name, source, {**data, **(overrides or {})})
-    from ..devices import load_causal_lm
     from ..image.rotary2d import apply_saved_rotary_2d
+    from ..utils.devices import load_causal_lm
 
     model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
     apply_saved_rotary_2d(model, p)
@@ -400,7 +400,7 @@ def _with_source(training_data, name: str, source: str, options: dict):
     in the run's graph shape and labels, none of them a training problem; the evaluator is the task's own."""
     import dataclasses
 
-    from ..errors import MutorUserError
+    from ..utils.errors import MutorUserError
 
     if source != "path_star" or name != "star_graph":
         raise MutorUserError(f"--source {source!r}: only 'path_star' (reasoning-gym's graphs) for star_graph runs "

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from ..core.layout import IGNORE_INDEX
 from ..data.registry import TrainingData, register_task
-from ..layout import IGNORE_INDEX
 from .metrics import bits_per_token, sample_metrics
 from .tokens import ImageLayout, quantize
 

@@ -33,7 +33,7 @@ __all__ = ["bits_per_token", "frechet_distance", "precision_recall", "FeatureCla
 @torch.no_grad()
 def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, batch_size: int = 256) -> float:
     """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token."""
-    from ..devices import model_device
+    from ..utils.devices import model_device
 
     dev = model_device(model)
     total, n = 0.0, 0

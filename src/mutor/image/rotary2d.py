@@ -86,7 +86,7 @@ def apply_saved_rotary_2d(model: nn.Module, model_dir) -> Optional[dict]:
     """After ``from_pretrained(model_dir)``: restore 2D rotary positions if the run used them.
 
     Reads ``task_info.json`` from ``model_dir`` or its parent (a checkpoint inside a run)."""
-    from ..io import run_json_files
+    from ..utils.io import run_json_files
 
     info = next(run_json_files(model_dir, "task_info.json"), {})
     spec = info.get("rotary_2d")

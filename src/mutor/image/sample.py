@@ -34,7 +34,7 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
         raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
     from transformers import DynamicCache
 
-    from ..devices import model_device
+    from ..utils.devices import model_device
 
     dev = model_device(model)
     K = layout.codebook_size
@@ -75,7 +75,7 @@ def save_grid_png(codes: np.ndarray, layout: ImageLayout, path: Path, ncols: int
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..io import atomic_write
+    from ..utils.io import atomic_write
 
     levels = layout.levels or layout.codebook_size
     imgs = dequantize(codes, levels).reshape(-1, layout.height, layout.width)

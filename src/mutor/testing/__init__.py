@@ -2,7 +2,7 @@
 
 ``byte_tokenizer()`` is a real ``PreTrainedTokenizerFast`` (byte-level, no merges: one
 token per UTF-8 byte, plus pad/bos/eos) built in process, so text pipelines run end to end
-with no Hub access. Random models of a named shape live in :mod:`mutor.presets`.
+with no Hub access. Random models of a named shape live in :mod:`mutor.models.presets`.
 """
 
 from __future__ import annotations

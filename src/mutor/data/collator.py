@@ -11,6 +11,9 @@ already aligned (the models shift labels themselves, as transformers does). Two 
   those position ids, so no attention and no register target crosses an example; plain
   transformers models do the same when no attention mask is given. With ``num_registers``
   set, the fixed number of registers applies per packed row.
+
+Prompts for batched generation are padded on the left instead (:func:`left_pad`), so that every
+row's next token is the last position.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Sequence
 
 import torch
 
-from .layout import IGNORE_INDEX
+from ..core.layout import IGNORE_INDEX
 
-__all__ = ["PaddingCollator", "make_collator"]
+__all__ = ["PaddingCollator", "left_pad", "make_collator"]
 
 
 @dataclass
@@ -66,3 +69,15 @@ def make_collator(pad_token_id: int, packing: bool = False):
 
         return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
     return PaddingCollator(pad_token_id=pad_token_id)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts for batched generation: (ids, attention_mask), each (B, longest prompt)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if len(s):
+            ids[b, T - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[b, T - len(s):] = 1
+    return ids, mask

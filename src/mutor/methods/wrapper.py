@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .io import replace_directory
-from .masks import attention_windows
-from .support import check_supported
+from ..core.masks import attention_windows
+from ..core.support import check_supported
+from ..utils.io import replace_directory
 
 __all__ = ["MuToROutput", "TrainingWrapper", "inner_model", "labels_of", "master_dtype", "objective_output",
            "row_weights"]
@@ -128,7 +128,7 @@ def inner_model(model: nn.Module) -> nn.Module:
 def check_loss_chunking(inner: nn.Module, loss_chunk_size: Optional[int], owner: str) -> None:
     """A ValueError unless ``loss_chunk_size`` is None, or a positive int on a model whose logits are
     ``lm_head(decoder(...).last_hidden_state)`` (a plain nn.Linear, no logit scaling) - what the
-    chunked loss (mutor.loss) recomputes."""
+    chunked loss (mutor.core.loss) recomputes."""
     if loss_chunk_size is None:
         return
     if isinstance(loss_chunk_size, bool) or not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
@@ -150,7 +150,7 @@ def accepts(fn, name: str) -> bool:
 
 def labels_of(batch: dict) -> torch.Tensor:
     """A batch's labels; without any, every non-padding token."""
-    from .layout import IGNORE_INDEX
+    from ..core.layout import IGNORE_INDEX
 
     ids, am, labels = batch["input_ids"], batch.get("attention_mask"), batch.get("labels")
     if labels is not None:
@@ -177,7 +177,7 @@ def load_base_model(path: Path, **model_kwargs: Any) -> nn.Module:
     """The base model of a wrapper checkpoint: a peft adapter on its recorded base (a saved random init
     too), trainable, or else a plain transformers checkpoint."""
     if (path / "adapter_config.json").is_file():
-        from .errors import load_peft_model
+        from ..utils.errors import load_peft_model
 
         return load_peft_model(path, is_trainable=True, **model_kwargs)
     from transformers import AutoModelForCausalLM
@@ -225,6 +225,7 @@ class TrainingWrapper(nn.Module):
     config_class: type = type(None)
     weights_file: Optional[str] = None
     sidecar_prefix: str = ""                  # dropped from the state-dict keys in the weights file
+    returns_logits: bool = False              # forward(return_logits=True) gives the regular rows' logits
     options: tuple[str, ...] = ("loss_chunk_size",)
 
     def __init__(self, base: nn.Module, loss_chunk_size: Optional[int] = None, what: Optional[str] = None):
@@ -233,7 +234,7 @@ class TrainingWrapper(nn.Module):
         if getattr(inner, "config", None) is None or not hasattr(inner, "get_input_embeddings"):
             raise TypeError(f"{type(inner).__name__} is not a transformers PreTrainedModel; {type(self).__name__} "
                             "wraps *ForCausalLM models")
-        check_supported(inner, *(() if what is None else (what,)))   # ALiBi, recurrent, chunked (mutor.support)
+        check_supported(inner, *(() if what is None else (what,)))   # ALiBi, recurrent, chunked (mutor.core.support)
         check_loss_chunking(inner, loss_chunk_size, type(self).__name__)
         self.windows = attention_windows(inner.config)                 # raises for chunked / linear attention
         self.loss_chunk_size = loss_chunk_size
@@ -255,7 +256,7 @@ class TrainingWrapper(nn.Module):
 
     def require_mask_support(self, what: str) -> None:
         """A ValueError naming the model unless its attention backend takes mutor's masks (``what`` needs them)."""
-        from .masks import SUPPORTED_ATTENTION
+        from ..core.masks import SUPPORTED_ATTENTION
 
         if self.attn_implementation not in SUPPORTED_ATTENTION:
             raise ValueError(f"{type(inner_model(self.base_model)).__name__} uses attn_implementation="
@@ -265,9 +266,9 @@ class TrainingWrapper(nn.Module):
     def register_free_mask(self, labels, attention_mask, position_ids, prefix_attention: str):
         """mutor's attention rule with no register (bidirectional prefix, packed documents, sliding windows):
         the mask for this model's backend and the layout's position ids. Nothing is drawn from any RNG."""
-        from .config import MuToRConfig
-        from .layout import build_layout
-        from .masks import build_attention_mask
+        from ..core.config import MuToRConfig
+        from ..core.layout import build_layout
+        from ..core.masks import build_attention_mask
 
         rule = MuToRConfig(loss_weight=0.0, prefix_attention=prefix_attention)
         no_offsets = torch.zeros(len(labels), dtype=torch.long)                           # (B,)
@@ -283,9 +284,9 @@ class TrainingWrapper(nn.Module):
         return self.base_model(**run, logits_to_keep=keep).logits
 
     def chunked_loss(self, run: dict, keep, targets, is_reg, a: float, num_items_in_batch, num_registers_in_batch):
-        """Decoder hidden states at the loss rows, then projection + cross-entropy in chunks (mutor.loss);
+        """Decoder hidden states at the loss rows, then projection + cross-entropy in chunks (mutor.core.loss);
         returns ``(loss, ce, hit)``."""
-        from .loss import head_cross_entropy
+        from ..core.loss import head_cross_entropy
 
         inner = inner_model(self.base_model)
         hs = inner.get_decoder()(**run).last_hidden_state                                  # (B, L, C)
@@ -294,7 +295,7 @@ class TrainingWrapper(nn.Module):
 
     def parameter_groups(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(the model's trainable parameters, the wrapper's own): the two groups that gradient clipping keeps
-        apart by default (:mod:`mutor.clipping`)."""
+        apart by default (:mod:`mutor.integrations.clipping`)."""
         model, own = [], []
         for n, p in self.named_parameters():
             if p.requires_grad:
@@ -399,7 +400,7 @@ class TrainingWrapper(nn.Module):
                 tensors["generator_state"] = self.rng_state()
             if self.weights_file is not None:
                 save_file(tensors, str(tmp / self.weights_file), metadata={"format": "pt", "library": "mutor"})
-            (tmp / self.config_file).write_text(getattr(self, self.config_attr).to_json_string())
+            (tmp / self.config_file).write_text(self.method_config.to_json_string())
 
         replace_directory(save_directory, fill)
 
@@ -426,6 +427,16 @@ class TrainingWrapper(nn.Module):
             self.load_state_dict(state, strict=False)
         if generator is not None and self.rng_state() is not None:
             self.set_rng_state(generator)
+
+    @classmethod
+    def wrap(cls, base: nn.Module, config, loss_chunk_size: Optional[int] = None) -> nn.Module:
+        """The module a trainer trains for this method (:mod:`mutor.methods.registry`): the wrapper."""
+        return cls(base, config, loss_chunk_size=loss_chunk_size)
+
+    @property
+    def method_config(self):
+        """The method's config (``mutor_config``, ``multi_token_config``, ...), by one name for every wrapper."""
+        return getattr(self, self.config_attr)
 
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,

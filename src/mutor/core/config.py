@@ -30,6 +30,12 @@ class JsonConfig:
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
+    @classmethod
+    def task_fields(cls, options: dict, task_settings: dict) -> dict:
+        """What the task decides in this config, given the user's ``options``: by default each of the task's
+        settings (e.g. an image task's ``grid_width``) that this config has a field for."""
+        return {k: v for k, v in task_settings.items() if k in cls.__dataclass_fields__}
+
 
 @dataclass
 class MuToRConfig(JsonConfig):
@@ -129,6 +135,13 @@ class MuToRConfig(JsonConfig):
                  "without (1,1), so leave d_max at its default (4) and set d_max_2d")
             need(self.min_offset == 1, "min_offset", "is a 1D knob; 2D mode always excludes only (1,1), "
                  "so leave min_offset at its default (1)")
+
+    @classmethod
+    def task_fields(cls, options: dict, task_settings: dict) -> dict:
+        """An image task's grid applies to 2D offsets only: a 1D run on image tokens ignores it."""
+        if options.get("d_max_2d") is None:
+            task_settings = {k: v for k, v in task_settings.items() if k not in ("grid_width", "grid_start")}
+        return super().task_fields(options, task_settings)
 
     # ------------------------------------------------------------------ offsets
     @property

@@ -1,4 +1,4 @@
-"""``mutor train [RECIPE] [key=value ...] [--resume]``: the logic lives in :mod:`mutor.train`."""
+"""``mutor train [RECIPE] [key=value ...] [--resume]``: the logic lives in :mod:`mutor.run.train`."""
 
 from __future__ import annotations
 

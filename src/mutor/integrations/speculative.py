@@ -38,9 +38,9 @@ from typing import Optional, Union
 import torch
 from transformers import DynamicCache
 
-from .layout import RegisterLayout
-from .masks import build_attention_mask
-from .model import MuToRModel
+from ..core.layout import RegisterLayout
+from ..core.masks import build_attention_mask
+from ..methods.mutor import MuToRModel
 
 
 @dataclass

@@ -11,7 +11,7 @@ class that consumes it, so a misspelt key fails before anything is loaded, with 
 Values are type-checked against those classes' field annotations (:func:`check_fields`), so
 ``training.max_steps=abc`` or ``seed=foo`` fails at load time naming the key, the value and the
 expected type, instead of as a ``TypeError`` deep inside transformers or numpy; a YAML syntax
-error names the file and line. All such errors are :class:`~mutor.errors.MutorUserError`.
+error names the file and line. All such errors are :class:`~mutor.utils.errors.MutorUserError`.
 
 Command-line overrides are ``dotted.key=value`` with the value parsed as YAML
 (``training.learning_rate=1e-4``, ``method=[next_token,mutor]``, ``lora=null``).
@@ -37,14 +37,17 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .clipping import GRAD_CLIP_MODES
-from .config import MuToRConfig
-from .errors import MutorUserError
-from .io import yaml_load
+from ..core.config import MuToRConfig
+from ..integrations.clipping import GRAD_CLIP_MODES
+from ..methods.registry import get_method, method_names
+from ..utils.errors import MutorUserError, did_you_mean
+from ..utils.io import yaml_load
 
-__all__ = ["ModelArgs", "Recipe", "METHODS", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
+__all__ = ["ModelArgs", "Recipe", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
 
-METHODS = ("next_token", "mutor", "multi_token")
+def method_blocks() -> tuple[str, ...]:
+    """The recipe blocks of the registered methods' options (``mutor``, ``multi_token``)."""
+    return tuple(b for b in (get_method(m).recipe_block for m in method_names()) if b)
 
 
 # -------------------------------------------------------------- type checks
@@ -95,14 +98,6 @@ def _matches(value, tp) -> bool:
     return True                       # a nested config class and the like: its own constructor checks it
 
 
-def did_you_mean(unknown: list[str], known: list[str]) -> str:
-    """``'x': did you mean 'y'?`` for each of ``unknown`` close to one of ``known`` ('' when none is)."""
-    import difflib
-
-    close = {k: difflib.get_close_matches(str(k), [str(x) for x in known], n=1) for k in unknown}
-    return "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
-
-
 def unknown_keys(values: dict, known: list[str], block: str, owner: str = "") -> None:
     """A one-line error for keys of ``values`` not in ``known``, with the closest known key of each."""
     unknown = sorted(set(values) - set(known))
@@ -128,7 +123,7 @@ def check_fields(values: dict, cls: type, block: str) -> None:
             raise MutorUserError(f"recipe {key}: expected {_describe(tp)}, got {v!r}")
 
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = Path(__file__).parents[1] / "configs"
 
 
 @dataclass
@@ -136,15 +131,15 @@ class ModelArgs:
     name_or_path: Optional[str] = field(
         default=None, metadata={"help": "Hub id or local directory of a causal LM (from_pretrained), or a model "
                                         "shipped on PyPI (pypi:smollm2-135m-instruct, pypi:gemma-3-270m; see "
-                                        "mutor.real). None: a random-init model of `preset`."})
+                                        "mutor.models.real). None: a random-init model of `preset`."})
     gguf_file: Optional[str] = field(
         default=None, metadata={"help": "A GGUF file in name_or_path (transformers' gguf_file; the tokenizer comes "
                                         "from the same file), converted once to a cached float32 transformers "
-                                        "directory that training loads (mutor.real). Not needed for the shipped "
+                                        "directory that training loads (mutor.models.real). Not needed for the shipped "
                                         "name_or_path: pypi:smollm2-135m-instruct | pypi:gemma-3-270m."})
     preset: Optional[str] = field(
         default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
-                                                "mutor.presets.PRESETS (tiny-llama, small-llama, ...); ignored "
+                                                "mutor.models.presets.PRESETS (tiny-llama, small-llama, ...); ignored "
                                                 "(and may be null) when name_or_path is set."})
     tokenizer: Optional[str] = field(
         default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, 'none', "
@@ -194,7 +189,8 @@ class Recipe:
                                               "parameters (register vector, Multi-Token heads). separate: they and "
                                               "the model are clipped each on its own, so the model's update is "
                                               "clipped exactly as without them; joint: Trainer's clipping of all "
-                                              "parameters together (the paper's official code). mutor.clipping"})
+                                              "parameters together (the paper's official code). "
+                                              "mutor.integrations.clipping"})
     model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "The model to train."})
     mutor: dict = field(default_factory=dict, metadata={"help": "MuToRConfig fields (method mutor)."})
     multi_token: dict = field(default_factory=dict, metadata={"help": "MultiTokenConfig fields (method "
@@ -219,15 +215,16 @@ class Recipe:
                                                     "prefix_attention", "grad_clip")}, Recipe, "")
         if not isinstance(self.variants, dict):
             raise ValueError("recipe variants must be a mapping of name -> {method, mutor, multi_token}")
+        methods = method_names()
         for name, v in self.variants.items():
-            if name in METHODS or not isinstance(v, dict) or v.get("method") not in METHODS \
-                    or set(v) - {"method", "mutor", "multi_token"}:
-                raise ValueError(f"recipe variant {name!r} must be a new name with `method` in {list(METHODS)} and "
+            if name in methods or not isinstance(v, dict) or v.get("method") not in methods \
+                    or set(v) - {"method", *method_blocks()}:
+                raise ValueError(f"recipe variant {name!r} must be a new name with `method` in {list(methods)} and "
                                  f"optional `mutor`/`multi_token` settings (got {v!r})")
         for m in self.methods:
-            if m not in METHODS and m not in self.variants:
-                hint = did_you_mean([m], list(METHODS) + sorted(self.variants))
-                raise ValueError(f"recipe method {m!r} is not one of {list(METHODS)} nor a variant "
+            if m not in methods and m not in self.variants:
+                hint = did_you_mean([m], list(methods) + sorted(self.variants))
+                raise ValueError(f"recipe method {m!r} is not one of {list(methods)} nor a variant "
                                  f"({sorted(self.variants)}){'; ' + hint if hint else ''}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"recipe method lists {self.methods} with repeats")
@@ -239,7 +236,7 @@ class Recipe:
             raise ValueError(f"recipe grad_clip must be one of {list(GRAD_CLIP_MODES)} (got {self.grad_clip!r})")
         if not isinstance(self.data, dict) or "task" not in self.data:
             raise ValueError("recipe data needs a `task` (e.g. data: {task: gsm8k})")
-        for blk in ("mutor", "multi_token", "training"):
+        for blk in (*method_blocks(), "training"):
             if not isinstance(getattr(self, blk), dict):
                 raise ValueError(f"recipe {blk} must be a mapping (got {type(getattr(self, blk)).__name__})")
         if self.lora is not None and not isinstance(self.lora, dict):
@@ -271,13 +268,13 @@ class Recipe:
             raise MutorUserError(f"recipe lora: {err}") from None
 
     def _validate_multi_token(self) -> None:
-        from .multi_token import MultiTokenConfig
+        from ..methods.multi_token import MultiTokenConfig
 
         if "prefix_attention" in self.multi_token:
             raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
                                  "not in the multi_token block")
         unknown_keys(self.multi_token, [k for k in MultiTokenConfig.__dataclass_fields__ if k != "prefix_attention"],
-                     "multi_token", "mutor.multi_token.MultiTokenConfig")
+                     "multi_token", "mutor.methods.multi_token.MultiTokenConfig")
         try:
             MultiTokenConfig.from_dict({**self.multi_token, "prefix_attention": self.prefix_attention})
         except (TypeError, ValueError) as err:
@@ -303,8 +300,8 @@ class Recipe:
         v = self.variants.get(method)
         r.method = method if v is None else v["method"]
         if v is not None:
-            r.mutor = {**r.mutor, **v.get("mutor", {})}
-            r.multi_token = {**r.multi_token, **v.get("multi_token", {})}
+            for blk in method_blocks():
+                setattr(r, blk, {**getattr(r, blk), **v.get(blk, {})})
         r.variants = {}
         return r
 
@@ -383,7 +380,7 @@ def load_recipe(source: Union[str, Path, dict], overrides: Optional[list[str]] =
         name = path.stem
     data = apply_overrides(data, overrides)
     unknown_keys(data, [f.name for f in dataclasses.fields(Recipe)], "")
-    for blk in ("mutor", "multi_token", "data", "training", "model"):
+    for blk in (*method_blocks(), "data", "training", "model"):
         if blk in data and data[blk] is None:
             data[blk] = {}
     recipe = Recipe(**data)

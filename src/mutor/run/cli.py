@@ -4,7 +4,7 @@ A command module exposes ``add_parser(subparsers)`` (which adds one subparser na
 command) and ``run(args) -> int``. Modules are imported only when needed, so ``mutor --help``
 and each command start quickly.
 
-User errors (:class:`~mutor.errors.MutorUserError`, any ``ValueError`` or ``FileNotFoundError``,
+User errors (:class:`~mutor.utils.errors.MutorUserError`, any ``ValueError`` or ``FileNotFoundError``,
 a ``SystemExit`` with a message) end as one line on stderr, ``mutor <command>: <problem>``, and
 exit status 2; any other exception is a bug and keeps its traceback. ``mutor --debug ...`` or
 ``MUTOR_DEBUG=1`` keeps the traceback of user errors too. Ctrl-C ends as one line too (exit status 130):
@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 
 # command -> module with add_parser(sub) and run(args)
 COMMANDS = {
-    "train": "mutor.train_cli",
-    "eval": "mutor.eval_cli",
-    "compare": "mutor.eval_cli",
-    "sample": "mutor.sample_cli",
+    "train": "mutor.run.train_cli",
+    "eval": "mutor.run.eval_cli",
+    "compare": "mutor.run.eval_cli",
+    "sample": "mutor.run.sample_cli",
 }
 
 

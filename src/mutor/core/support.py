@@ -17,11 +17,11 @@ MuToR asks two things of a model, and nothing else (no modeling code is forked):
 
 Everything else is verified family by family (README, "Verified families"; tests/test_families.py).
 This module is the one place that says what is refused and why: :func:`check_supported` is called
-by :class:`~mutor.model.MuToRModel` and by the Multi-Token baseline, whose heads share the
+by :class:`~mutor.methods.mutor.MuToRModel` and by the Multi-Token baseline, whose heads share the
 same masks for packed documents and the bidirectional prefix.
 
 :func:`uses_attention_interface` says whether the model's attention goes through transformers'
-``AttentionInterface`` (``is_backend_compatible``); only then may :mod:`mutor.attention` swap in
+``AttentionInterface`` (``is_backend_compatible``); only then may :mod:`mutor.core.attention` swap in
 its split sdpa function. Models that test ``_attn_implementation == "sdpa"`` themselves (falcon)
 would otherwise fall back to their eager code and *add* the boolean mask (silently wrong by ~1e-3).
 """

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import JsonConfig, MuToRConfig
-from .layout import IGNORE_INDEX, build_layout
+from ..core.config import JsonConfig, MuToRConfig
+from ..core.layout import IGNORE_INDEX, build_layout
 from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, master_dtype, objective_output,
                       prepare_inputs, row_weights)
 
@@ -158,7 +158,7 @@ class MultiTokenModel(TrainingWrapper):
         if self.loss_chunk_size is None:
             loss, (ce, reg_hit) = None, self._full_loss(trunk_out, head_rows, targets, n_ntp)
         else:
-            from .loss import head_cross_entropy
+            from ..core.loss import head_cross_entropy
 
             rows = torch.cat([trunk_out[keep]] + [self._norm(r) for r in head_rows])    # (N + n_reg, C)
             weights = row_weights(is_reg, self.multi_token_config.loss_weight, num_items_in_batch,

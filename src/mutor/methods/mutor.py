@@ -9,7 +9,7 @@ Nothing of the base model is forked or patched. One forward pass:
 3. ``masks.build_attention_mask`` turns the layout into the mask the model's
    attention backend needs, and explicit ``position_ids`` carry the offsets; under
    ``sdpa`` the register rows are computed apart from the regular ones
-   (:mod:`mutor.attention`), so the unused register-register block costs nothing;
+   (:mod:`mutor.core.attention`), so the unused register-register block costs nothing;
 4. the base model runs with a boolean ``logits_to_keep`` so the vocabulary
    projection (and any model-specific logit processing, e.g. Gemma 2
    soft-capping) is done only at rows that carry a loss.
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import split_attention_for
-from .config import SIDECAR_CONFIG, MuToRConfig
-from .layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
-from .masks import build_attention_mask
+from ..core.attention import split_attention_for
+from ..core.config import SIDECAR_CONFIG, MuToRConfig
+from ..core.layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
+from ..core.masks import build_attention_mask
 from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, master_dtype, objective_output,
                       prepare_inputs)
 
@@ -45,6 +45,7 @@ class MuToRModel(TrainingWrapper):
 
     config_class, config_file, config_attr = MuToRConfig, SIDECAR_CONFIG, "mutor_config"
     weights_file = SIDECAR_WEIGHTS
+    returns_logits = True
     options = ("attention", "loss_chunk_size")
 
     def __init__(self, base: nn.Module, config: Optional[MuToRConfig] = None, attention: str = "auto",
@@ -167,7 +168,7 @@ class MuToRModel(TrainingWrapper):
         return torch.cat([tok, reg], dim=1)                                               # (B, T+R, C)
 
     def _attention_context(self, layout: RegisterLayout, mask):
-        """Under sdpa, register rows attend apart from regular rows (mutor.attention). Gradient checkpointing
+        """Under sdpa, register rows attend apart from regular rows (mutor.core.attention). Gradient checkpointing
         recomputes layers outside this forward, where the split is off: then the dense mask is used."""
         inner = inner_model(self.base_model)
         checkpointing = self.training and any(getattr(m, "gradient_checkpointing", False) for m in inner.modules())

@@ -21,7 +21,7 @@ temporary directory and renamed into place when complete, so an interrupted conv
 nothing that looks finished; later runs reuse it. Training then loads that directory like any
 other local model, and a LoRA adapter records it as its base.
 
-Failures are one :class:`~mutor.errors.MutorUserError` line each: a missing package (with the
+Failures are one :class:`~mutor.utils.errors.MutorUserError` line each: a missing package (with the
 pip command), a ``gguf_file`` that is not there (with the ``.gguf`` files that are), a model too
 large for this machine's memory (:func:`check_memory`; ``MUTOR_SKIP_MEMORY_CHECK=1`` skips it).
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .errors import MutorUserError
+from ..utils.errors import MutorUserError
 
 __all__ = ["SHIPPED", "PYPI_PREFIX", "cache_dir", "shipped_gguf", "converted_model_dir", "resolve_model_args",
            "gguf_parameter_count", "dir_parameter_count", "check_memory", "available_memory_bytes"]
@@ -214,7 +214,7 @@ def _convert(src_dir: str, gguf_file: str, out: Path, source: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .errors import from_pretrained
+    from ..utils.errors import from_pretrained
 
     tok = from_pretrained(AutoTokenizer.from_pretrained, src_dir, "model.gguf_file's tokenizer", is_model=False,
                           gguf_file=gguf_file)
@@ -257,7 +257,7 @@ def converted_model_dir(path_or_package: str, gguf_file: Optional[str] = None, q
         if path is None:                                   # a Hub repository: fetch the one file
             from huggingface_hub import hf_hub_download
 
-            from .errors import from_pretrained
+            from ..utils.errors import from_pretrained
 
             path = Path(from_pretrained(lambda n, **kw: hf_hub_download(n, gguf_file, **kw), name, "model.gguf_file"))
             src_dir = str(path.parent)

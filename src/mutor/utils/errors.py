@@ -3,7 +3,7 @@
 What is unusual here:
 
 * :class:`MutorUserError` is a ``ValueError``: code that already catches ``ValueError`` keeps
-  working, and the command line (:mod:`mutor.cli`) prints any of them as one line on stderr
+  working, and the command line (:mod:`mutor.run.cli`) prints any of them as one line on stderr
   with exit status 2 instead of a traceback (``MUTOR_DEBUG=1`` or ``--debug`` keeps the
   traceback).
 * :func:`from_pretrained` asks the Hugging Face Hub once, with a short timeout, before a Hub id
@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["MutorUserError", "from_pretrained", "hub_probe", "load_peft_model"]
+__all__ = ["MutorUserError", "did_you_mean", "from_pretrained", "hub_probe", "load_peft_model"]
 
 HUB_PROBE_TIMEOUT_S = 5.0
 
@@ -124,7 +124,7 @@ def peft_quietly():
 
 
 def load_peft_model(adapter_dir, is_trainable: bool = False, **model_kwargs: Any):
-    """A ``PeftModel`` for ``adapter_dir`` on its recorded base (:func:`mutor.io.lora_base_dir`)."""
+    """A ``PeftModel`` for ``adapter_dir`` on its recorded base (:func:`mutor.utils.io.lora_base_dir`)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -139,3 +139,11 @@ def load_peft_model(adapter_dir, is_trainable: bool = False, **model_kwargs: Any
                            **model_kwargs)
     with peft_quietly():
         return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=is_trainable)
+
+
+def did_you_mean(unknown: list[str], known: list[str]) -> str:
+    """``'x': did you mean 'y'?`` for each of ``unknown`` close to one of ``known`` ('' when none is)."""
+    import difflib
+
+    close = {k: difflib.get_close_matches(str(k), [str(x) for x in known], n=1) for k in unknown}
+    return "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)

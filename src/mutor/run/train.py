@@ -4,7 +4,7 @@ For each method the run is: seed everything, load the tokenizer, build the task 
 vocabulary, evaluator), load or build the base model (the same weights for every method:
 random init happens right after seeding), optionally wrap it in LoRA, wrap it for the method
 (``next_token`` trains the model as it is, exactly as a plain ``Trainer`` would), and train
-with :class:`~mutor.trainer.MuToRTrainer`. Each method's directory gets ``recipe.yaml`` (the
+with :class:`~mutor.integrations.trainer.MuToRTrainer`. Each method's directory gets ``recipe.yaml`` (the
 resolved recipe for that method), Trainer's checkpoints (vanilla models plus the mutor
 sidecar), TensorBoard logs, the final model and ``summary.json``. With several methods the
 parent directory also gets ``comparison.json``, ``comparison.md`` and ``curves.png``, and the
@@ -24,7 +24,7 @@ its first checkpoint removes the directories it created.
 A method's name is the run's name everywhere it is recorded (``recipe.yaml``, ``summary.json``,
 ``comparison.*``): a named variant such as ``mutor_2d`` is recorded as ``mutor_2d``, with its
 underlying method as ``base_method``. ``train_loss`` in ``summary.json`` is the mean over every
-step of the run, also when it was resumed (:meth:`~mutor.trainer.MuToRTrainer.whole_run_train_loss`).
+step of the run, also when it was resumed (:meth:`~mutor.integrations.trainer.MuToRTrainer.whole_run_train_loss`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import Optional, Union
 
 import torch
 
+from ..data.registry import build_training_data, registered_tasks
+from ..eval.compare import print_comparison, write_comparison
+from ..utils.errors import MutorUserError
+from ..utils.io import write_json_atomic, write_text_atomic
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
                     rotary_grid, save_random_lora_base, training_arguments, wrap_for_method)
-from .data.registry import build_training_data, registered_tasks
-from .errors import MutorUserError
-from .eval.compare import print_comparison, write_comparison
-from .io import write_json_atomic, write_text_atomic
 from .recipe import Recipe, load_recipe
 
 __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
@@ -133,7 +133,7 @@ def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
     if not out.is_dir():
         return
     if recorded.is_file():
-        from .io import yaml_load
+        from ..utils.io import yaml_load
 
         old = _flat({k: v for k, v in (yaml_load(recorded.read_text(), str(recorded)) or {}).items()
                      if k != "source_dir"})
@@ -176,7 +176,8 @@ def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = F
 
 def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, say, quiet: bool) -> dict:
     from transformers import set_seed
-    from .real import resolve_model_args
+
+    from ..models.real import resolve_model_args
 
     r = recipe.for_method(method)
     label, method = method, r.method            # a named variant runs its underlying method
@@ -233,7 +234,7 @@ def eval_history(log_history: list[dict]) -> list[dict]:
 
 def _resolve_precision(r: Recipe, output_dir: Path, say) -> dict:
     """bf16 (weights or autocast) only where this device multiplies bf16 fast, else float32 with a notice
-    (mutor.precision); ``r`` is changed in place. Returns what the run uses, for its summary."""
+    (mutor.run.precision); ``r`` is changed in place. Returns what the run uses, for its summary."""
     from .precision import resolve_precision
 
     asked_bf16 = bool(r.training.get("bf16", False))
@@ -292,9 +293,9 @@ def _build_model(r: Recipe, method: str, task, tokenizer, output_dir: Path) -> t
 
 
 def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bool):
-    """A :class:`~mutor.trainer.MuToRTrainer` for the run; writes ``task_info.json`` next to it."""
-    from .collator import make_collator
-    from .trainer import MuToRTrainer
+    """A :class:`~mutor.integrations.trainer.MuToRTrainer` for the run; writes ``task_info.json`` next to it."""
+    from ..data.collator import make_collator
+    from ..integrations.trainer import MuToRTrainer
 
     args = training_arguments(r, output_dir)
     packing = r.data.get("packing", task.packing)

@@ -1,5 +1,5 @@
 """Building what a recipe names: tokenizer, base model (loaded, or a seeded random preset sized for the
-task), LoRA, the method's wrapper and ``TrainingArguments``. :mod:`mutor.train` runs them.
+task), LoRA, the method's wrapper and ``TrainingArguments``. :mod:`mutor.run.train` runs them.
 
 LoRA on a random-init base saves that base next to the run (peft records no base for a model
 built from a config), and every adapter of the run records where its base is.
@@ -8,14 +8,14 @@ built from a config), and every adapter of the run records where its base is.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .data.registry import TrainingData
-from .errors import MutorUserError, from_pretrained, peft_quietly
+from ..data.registry import TrainingData
+from ..methods.registry import get_method
+from ..utils.errors import MutorUserError, from_pretrained, peft_quietly
 from .recipe import Recipe
 
 __all__ = ["build_tokenizer", "build_base_model", "wrap_for_method", "apply_lora", "training_arguments",
@@ -36,7 +36,7 @@ def build_tokenizer(recipe: Recipe):
             (Path(name) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None                               # a local model of a tokenizer-less task (star graphs, images)
     if name == "byte":
-        from .testing import byte_tokenizer
+        from ..testing import byte_tokenizer
 
         return byte_tokenizer()
     from transformers import AutoTokenizer
@@ -60,7 +60,7 @@ def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torc
             raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
         return _positions(from_pretrained(AutoModelForCausalLM.from_pretrained, m.name_or_path, "model.name_or_path",
                                           dtype=dtype, attn_implementation=m.attn_implementation), m, task)
-    from .presets import tiny_causal_lm
+    from ..models.presets import tiny_causal_lm
 
     if task.vocab_size is not None:
         vocab = task.vocab_size
@@ -91,42 +91,21 @@ def _positions(model: torch.nn.Module, m, task: TrainingData) -> torch.nn.Module
     """``model.rotary_2d``: swap in 2D rotary positions over the task's grid."""
     if not m.rotary_2d:
         return model
-    from .image.rotary2d import use_rotary_2d
+    from ..image.rotary2d import use_rotary_2d
 
     return use_rotary_2d(model, **rotary_grid(task))
 
 
-def _grid_overrides(recipe: Recipe, task: TrainingData) -> dict:
-    """The task's grid settings apply to 2D offsets only (a 1D run on image tokens ignores the grid)."""
-    if recipe.mutor.get("d_max_2d") is not None:
-        return dict(task.mutor_overrides)
-    return {k: v for k, v in task.mutor_overrides.items() if k not in ("grid_width", "grid_start")}
-
-
 def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TrainingData) -> torch.nn.Module:
-    """The module Trainer trains: the base itself, NextTokenModel, MuToRModel, or MultiTokenModel."""
-    if method == "next_token":
-        if recipe.prefix_attention == "causal" and recipe.loss_chunk_size is None:
-            return base
-        from .next_token import NextTokenConfig, NextTokenModel
-
-        # the same mask (bidirectional prefix) or the same chunked loss as the other methods, and nothing else
-        return NextTokenModel(base, NextTokenConfig(prefix_attention=recipe.prefix_attention),
-                              loss_chunk_size=recipe.loss_chunk_size)
-    if method == "mutor":
-        from .model import MuToRModel
-
-        return MuToRModel(base, recipe.mutor_config(**_grid_overrides(recipe, task)),
-                          loss_chunk_size=recipe.loss_chunk_size)
-    if method == "multi_token":
-        from .multi_token import MultiTokenConfig, MultiTokenModel
-
-        if "prefix_attention" in recipe.multi_token:
-            raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
-        return MultiTokenModel(base, MultiTokenConfig.from_dict({**recipe.multi_token,
-                                                                 "prefix_attention": recipe.prefix_attention}),
-                               loss_chunk_size=recipe.loss_chunk_size)
-    raise ValueError(f"unknown method {method!r}")
+    """The module Trainer trains: the method's wrapper (:mod:`mutor.methods.registry`), or the base itself
+    for a next-token run that needs nothing else."""
+    spec = get_method(method)
+    options = getattr(recipe, spec.recipe_block) if spec.recipe_block else {}
+    if options.get("prefix_attention", recipe.prefix_attention) != recipe.prefix_attention:
+        raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
+    config = spec.config(options, recipe.prefix_attention,
+                         **spec.config_class.task_fields(options, task.mutor_overrides))
+    return spec.wrap(base, config, loss_chunk_size=recipe.loss_chunk_size)
 
 
 def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
@@ -181,7 +160,7 @@ def save_random_lora_base(base: torch.nn.Module, output_dir: Path) -> None:
     peft saves only the adapter, with ``base_model_name_or_path`` null for a model built from a
     config: without this copy the run could not be loaded at all. :func:`record_lora_base` then
     makes every adapter the run saves (checkpoints and the final one) record ``"base"``;
-    :func:`mutor.io.lora_base_dir` finds it beside the adapter or one level up (``checkpoint-N``).
+    :func:`mutor.utils.io.lora_base_dir` finds it beside the adapter or one level up (``checkpoint-N``).
     """
     base.save_pretrained(output_dir / LORA_BASE_DIR)
 

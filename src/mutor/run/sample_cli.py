@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from .devices import DTYPES
+    from ..utils.devices import DTYPES
 
     p = sub.add_parser("sample", help="sample class-conditional images (KV cache, CFG, temperature, top-k)",
                        description="Sample images from a model trained with an image task (digits, image_codes). "
@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
 
 
 def _layout(model_dir: Path):
-    from .image.tokens import ImageLayout
-    from .io import run_json_files
+    from ..image.tokens import ImageLayout
+    from ..utils.io import run_json_files
 
     for info in run_json_files(model_dir, "task_info.json"):
         if "image_layout" in info:
@@ -64,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from .devices import load_causal_lm
-    from .errors import from_pretrained
-    from .image.rotary2d import apply_saved_rotary_2d
-    from .image.sample import sample_codes, save_grid_png
+    from ..image.rotary2d import apply_saved_rotary_2d
+    from ..image.sample import sample_codes, save_grid_png
+    from ..utils.devices import load_causal_lm
+    from ..utils.errors import from_pretrained
 
     model_dir = Path(args.model)
     layout = _layout(model_dir)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"mutor sample: {err}") from None
     out = Path(args.output_dir or model_dir / "samples")
-    from .io import atomic_write
+    from ..utils.io import atomic_write
 
     atomic_write(out / "codes.npy", lambda tmp: np.save(open(tmp, "wb"), codes))
     atomic_write(out / "labels.npy", lambda tmp: np.save(open(tmp, "wb"), np.asarray(wanted)))

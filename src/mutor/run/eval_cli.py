@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from .devices import DTYPES
-    from .eval.harness import BENCHMARKS
+    from ..eval.harness import BENCHMARKS
+    from ..utils.devices import DTYPES
 
     p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
                        description="Greedy decoding with the training prompt template, then the paper's metric. "
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return _compare(args)
     if args.task == "run":
         return _eval_run_task(args)
-    from .eval.harness import BENCHMARKS, evaluate_checkpoints
+    from ..eval.harness import BENCHMARKS, evaluate_checkpoints
 
     if args.task not in BENCHMARKS:
         raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(BENCHMARKS)}, or 'run'")
@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .eval.compare import collect_summaries, comparison_plot, comparison_table
-    from .io import write_text_atomic
+    from ..eval.compare import collect_summaries, comparison_plot, comparison_table
+    from ..utils.io import write_text_atomic
 
     summaries = collect_summaries(args.paths)
     table = comparison_table(summaries, args.metrics)
@@ -98,7 +98,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _eval_run_task(args: argparse.Namespace) -> int:
     """``--task run``: the synthetic task the model was trained on, from its run's recipe."""
-    from .eval.harness import evaluate_run_task
+    from ..eval.harness import evaluate_run_task
 
     if not args.model:
         raise SystemExit("mutor eval --task run needs --model")
@@ -133,7 +133,7 @@ def _eval_options(args: argparse.Namespace) -> dict:
 
 def _eval_model(args: argparse.Namespace, common: dict) -> dict:
     """``--model``: the benchmark's test split(s), or ``--split``; one summary, or ``{"splits": [...]}``."""
-    from .eval.harness import evaluate_model, get_benchmark, load_model_and_tokenizer
+    from ..eval.harness import evaluate_model, get_benchmark, load_model_and_tokenizer
 
     benchmark = get_benchmark(args.task)
     splits = [args.split] if args.split else list(benchmark.test_splits)

@@ -11,7 +11,7 @@ sits in a prompt or outside an assistant turn, none crosses a document).
 
 What is unusual:
 
-* The wrapper (:class:`~mutor.MuToRModel` or :class:`~mutor.multi_token.MultiTokenModel`) is
+* The wrapper (:class:`~mutor.MuToRModel` or :class:`~mutor.methods.multi_token.MultiTokenModel`) is
   put around the model only *after* ``SFTTrainer.__init__`` has finished, so SFTTrainer sees a
   plain transformers (or peft) model exactly as it would without mutor, including the fused
   LM head it patches onto the model's forward (a ``fused_lm_head=False`` call, which is what
@@ -46,14 +46,14 @@ try:
     from trl import SFTTrainer
     from trl.trainer.utils import entropy_from_logits
 except ImportError as e:     # pragma: no cover - exercised only without the extra
-    raise ImportError("mutor.trl needs TRL: pip install -e '.[trl]' in the mutor checkout (trl>=1.16)") from e
+    raise ImportError("mutor.integrations.trl needs TRL: pip install -e '.[trl]' in the mutor checkout (trl>=1.16)") from e
 
-from .config import MuToRConfig
-from .layout import IGNORE_INDEX
-from .model import MuToRModel
-from .multi_token import MultiTokenConfig, MultiTokenModel
+from ..core.config import MuToRConfig
+from ..core.layout import IGNORE_INDEX
+from ..methods.multi_token import MultiTokenConfig
+from ..methods.registry import method_of_config
+from ..methods.wrapper import TrainingWrapper
 from .trainer import MuToRTrainer
-from .wrapper import TrainingWrapper
 
 __all__ = ["MuToRSFTTrainer", "MuToRConfig", "MultiTokenConfig"]   # one import line for an SFTTrainer script
 
@@ -77,7 +77,7 @@ class _WrapperLoss:
                                         num_items_in_batch=num_items_in_batch)
         inputs = {k: v for k, v in inputs.items() if k not in _VARLEN_KEYS}
         w = self.training_wrapper()
-        if isinstance(w, MuToRModel) and w.loss_chunk_size is None:
+        if w.returns_logits and w.loss_chunk_size is None:
             inputs["return_logits"] = True          # regular-token logits for entropy / token accuracy
         loss, outputs = Trainer.compute_loss(self, model, inputs, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
@@ -128,7 +128,7 @@ class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
     """``trl.SFTTrainer`` that trains MuToR (or the Multi-Token baseline).
 
     Takes every argument ``SFTTrainer`` takes, plus ``mutor_config``: a :class:`~mutor.MuToRConfig`
-    (MuToR) or a :class:`~mutor.multi_token.MultiTokenConfig` (the Multi-Token baseline). ``model``
+    (MuToR) or a :class:`~mutor.methods.multi_token.MultiTokenConfig` (the Multi-Token baseline). ``model``
     may also be an already built ``MuToRModel`` / ``MultiTokenModel`` (e.g. with ``loss_chunk_size``);
     then ``mutor_config`` stays None and SFTTrainer works on its base model. ``task_evaluator`` is
     MuToRTrainer's (held-out metrics of the plain model every ``eval_steps``).
@@ -140,10 +140,13 @@ class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
         if wrapper is not None and mutor_config is not None:
             raise ValueError("MuToRSFTTrainer: pass either a MuToRModel/MultiTokenModel as `model` or `mutor_config`, "
                              "not both (the wrapper already carries its config)")
-        if wrapper is None and not isinstance(mutor_config, (MuToRConfig, MultiTokenConfig)):
-            raise TypeError("MuToRSFTTrainer needs mutor_config=MuToRConfig(...) (or MultiTokenConfig(...) for the "
-                            f"Multi-Token baseline), got {type(mutor_config).__name__}; for plain SFT use "
-                            "trl.SFTTrainer")
+        if wrapper is None:
+            try:
+                method = method_of_config(mutor_config)
+            except TypeError:
+                raise TypeError("MuToRSFTTrainer needs mutor_config=MuToRConfig(...) (or MultiTokenConfig(...) for the "
+                                f"Multi-Token baseline), got {type(mutor_config).__name__}; for plain SFT use "
+                                "trl.SFTTrainer") from None
         _refuse_next_token_only_options(args, kwargs.get("compute_loss_func"))
         super().__init__(wrapper.base_model if wrapper is not None else model, args, *positional, **kwargs)
         if self.aux_loss_enabled:
@@ -157,8 +160,7 @@ class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
             # Trainer seeded the global RNG in __init__ and draws the data order from it later: the register
             # init must not consume it, or the run would see other batches than plain SFTTrainer with this seed
             with torch.random.fork_rng(devices=[]):
-                wrapper = MuToRModel(base, mutor_config) if isinstance(mutor_config, MuToRConfig) \
-                    else MultiTokenModel(base, mutor_config)
+                wrapper = method.wrapper_class(base, mutor_config)
         else:
             wrapper.base_model = base           # the same model, now possibly under SFTTrainer's peft adapter
         self.model = self.model_wrapped = wrapper

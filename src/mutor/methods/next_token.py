@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import JsonConfig
-from .layout import IGNORE_INDEX
+from ..core.config import JsonConfig
+from ..core.layout import IGNORE_INDEX
 from .wrapper import MuToROutput, TrainingWrapper, objective_output, prepare_inputs
 
 NT_CONFIG = "next_token_config.json"
@@ -49,6 +49,14 @@ class NextTokenModel(TrainingWrapper):
         self.next_token_config = config if config is not None else NextTokenConfig()
         self.require_mask_support("mutor's attention mask (bidirectional prefix, packed documents)")
 
+    @classmethod
+    def wrap(cls, base: nn.Module, config: NextTokenConfig, loss_chunk_size: Optional[int] = None) -> nn.Module:
+        """``base`` itself when nothing differs from a plain model's training (causal prompt, the model's own
+        loss); otherwise the same mask or the same chunked loss as the other methods, and nothing else."""
+        if config.prefix_attention == "causal" and loss_chunk_size is None:
+            return base
+        return cls(base, config, loss_chunk_size=loss_chunk_size)
+
     def count_reg_targets(self, batch: dict) -> int:
         return 0
 
@@ -65,7 +73,7 @@ class NextTokenModel(TrainingWrapper):
         **kwargs: Any,
     ) -> MuToROutput:
         """The next-token loss of the base model under mutor's mask (bidirectional prefix, packed documents,
-        sliding windows: :func:`mutor.masks.build_attention_mask`), through the chunked loss when configured."""
+        sliding windows: :func:`mutor.core.masks.build_attention_mask`), through the chunked loss when configured."""
         for unused in ("offset_index", "num_registers_in_batch"):
             kwargs.pop(unused, None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,

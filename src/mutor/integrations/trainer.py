@@ -16,7 +16,7 @@ It overrides only what it must:
 * ``_clip_grad_norm``: by default (``grad_clip="separate"``) the model's parameters and the wrapper's own
   (register vector, Multi-Token heads) are clipped against ``max_grad_norm`` each on its own, so the
   model gets exactly the update clipping would give it without mutor; ``grad_clip="joint"`` is Trainer's
-  clipping of all of them together (the official code's). See :mod:`mutor.clipping`.
+  clipping of all of them together (the official code's). See :mod:`mutor.integrations.clipping`.
 * ``log``: adds those running means (token-weighted over the logging window), the wrapper's own gradient
   norm (``reg_grad_norm``, beside Trainer's ``grad_norm``, which is the model's own under ``separate``)
   and the fraction of the window's steps whose update clipping scaled (``grad_clipped``,
@@ -53,8 +53,8 @@ from typing import Any, Callable, Optional
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ..methods.wrapper import TrainingWrapper
 from .clipping import check_grad_clip, clip_group
-from .wrapper import TrainingWrapper
 
 __all__ = ["MuToRTrainer"]
 

@@ -1,0 +1,5 @@
+"""The objective engine: the config (``config``), where registers go (``layout``), who attends to whom
+(``masks``, ``attention``), the losses (``loss``) and which model families it handles exactly (``support``).
+
+Imports only :mod:`mutor.utils`; knows nothing of Trainer, recipes or tasks.
+"""
