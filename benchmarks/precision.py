@@ -63,13 +63,14 @@ def _setup(recipe_name: str, overrides: list[str]):
 
 def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, steps: int) -> dict:
     from mutor.integrations.clipping import clip_group
-    from mutor.run.build import apply_lora, build_base_model, wrap_for_method
+    from mutor.methods.registry import get_method
+    from mutor.run.build import apply_lora, build_base_model
 
     r = r.for_method(method)
     r.model.dtype = "bfloat16" if precision.startswith("bf16") else "float32"
     torch.manual_seed(r.seed)
     base = apply_lora(build_base_model(r, task, tok), r.lora)
-    model = wrap_for_method(base, r, method, task).train()
+    model = get_method(method).wrap(base, r.method_config(method, task.mutor_overrides), r.loss_chunk_size).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
     groups = model.parameter_groups() if hasattr(model, "parameter_groups") else (params, [])

@@ -116,7 +116,7 @@ def test_a_variant_run_is_recorded_and_evaluated_under_its_own_name(tmp_path):
     run_recipe("star-graph", ["method=mutor_a", "variants={mutor_a: {method: mutor, mutor: {d_max: 2}}}",
                               *SG, f"training.output_dir={out}"], quiet=True)
     recorded = load_recipe(out / "recipe.yaml")
-    assert recorded.methods == ["mutor_a"] and recorded.for_method("mutor_a").mutor_config().d_max == 2
+    assert recorded.methods == ["mutor_a"] and recorded.for_method("mutor_a").method_config("mutor").d_max == 2
     assert json.loads((out / "summary.json").read_text())["method"] == "mutor_a"
     assert main(["eval", "--task", "run", "--model", str(out), "--quiet", "--device", "cpu"]) == 0
     ev = json.loads((out / "eval" / "run-task" / "summary.json").read_text())

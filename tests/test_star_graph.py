@@ -147,7 +147,7 @@ def test_default_recipe_is_the_star_graph_comparison():
 
     r = load_recipe("star-graph")
     assert r.methods == ["next_token", "mutor"] and r.data["task"] == "star_graph"
-    assert r.mutor_config().min_offset == 2 and r.data["path_len"] == 3 and r.data["num_nodes"] == 20
+    assert r.method_config("mutor").min_offset == 2 and r.data["path_len"] == 3 and r.data["num_nodes"] == 20
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
 
@@ -162,7 +162,7 @@ def test_star_graph_preset_names_match_their_graphs(name):
     degree, path_len = map(int, re.search(r"g(\d+)-(\d+)", name).groups())
     r = load_recipe(f"star_graph/{name}")
     assert (r.data["degree"], r.data["path_len"]) == (degree, path_len)
-    assert r.mutor_config().min_offset == 2
+    assert r.method_config("mutor").min_offset == 2
 
 
 def test_unknown_option_is_named():

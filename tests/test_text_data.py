@@ -100,4 +100,4 @@ def test_every_shipped_recipe_validates(path, tmp_path):
         training_arguments(recipe, tmp_path)
     for m in recipe.methods:
         if m == "mutor":
-            recipe.mutor_config()
+            recipe.method_config("mutor")

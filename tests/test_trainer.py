@@ -285,34 +285,31 @@ def test_bidirectional_next_token_places_no_registers(tmp_path):
 def test_chunked_loss_applies_to_the_next_token_baseline_too():
     """With loss_chunk_size, next_token trains through the same chunked loss as mutor (a fair baseline
     for speed and memory), and that loss is still the plain next-token loss."""
-    from types import SimpleNamespace
 
-    from mutor.run.build import wrap_for_method
+    from mutor.methods.registry import get_method
 
     recipe = load_recipe(dict(RECIPE, method="next_token", loss_chunk_size=5))
     base = tiny_causal_lm(259, seed=0)
-    model = wrap_for_method(base, recipe, "next_token", SimpleNamespace(mutor_overrides={}))
+    model = get_method("next_token").wrap(base, recipe.method_config("next_token"), recipe.loss_chunk_size)
     assert isinstance(model, NextTokenModel) and model.loss_chunk_size == 5
     assert model.num_added_parameters() == 0 and not hasattr(model, "register_embeddings")
     batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
     out = model(**batch)
     assert out.num_registers == 0
     torch.testing.assert_close(out.loss, base(**batch, use_cache=False).loss, atol=1e-6, rtol=1e-6)
-    plain = wrap_for_method(base, load_recipe(dict(RECIPE, method="next_token")), "next_token",
-                            SimpleNamespace(mutor_overrides={}))
+    plain_recipe = load_recipe(dict(RECIPE, method="next_token"))
+    plain = get_method("next_token").wrap(base, plain_recipe.method_config("next_token"), plain_recipe.loss_chunk_size)
     assert plain is base
 
 
 def test_next_token_baseline_is_honest(tmp_path):
     """The bidirectional-prefix baseline: no parameter added, no register, no offset drawn from the global RNG,
     and a checkpoint that is the vanilla model plus one config file recording the prefix attention."""
-    from types import SimpleNamespace
-
     from mutor.eval.harness import run_info
-    from mutor.run.build import wrap_for_method
+    from mutor.methods.registry import get_method
 
     recipe = load_recipe(dict(RECIPE, method="next_token", prefix_attention="bidirectional"))
-    model = wrap_for_method(tiny_causal_lm(259, seed=0), recipe, "next_token", SimpleNamespace(mutor_overrides={}))
+    model = get_method("next_token").wrap(tiny_causal_lm(259, seed=0), recipe.method_config("next_token"))
     assert isinstance(model, NextTokenModel) and model.num_added_parameters() == 0
     batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
     before = torch.random.get_rng_state()
@@ -434,7 +431,7 @@ def test_overrides_are_yaml_and_dotted():
     r = load_recipe(RECIPE, ["training.learning_rate=2e-5", "method=[next_token,mutor]", "mutor.d_max=6",
                              "lora=null"])
     assert r.training["learning_rate"] == 2e-5 and r.methods == ["next_token", "mutor"]
-    assert r.mutor_config().d_max == 6 and r.lora is None
+    assert r.method_config("mutor").d_max == 6 and r.lora is None
     with pytest.raises(ValueError, match="key.sub=value"):
         load_recipe(RECIPE, ["training.learning_rate"])
 

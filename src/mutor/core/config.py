@@ -12,6 +12,16 @@ from typing import Optional
 
 SIDECAR_CONFIG = "mutor_config.json"
 
+PREFIX_ATTENTION = ("causal", "bidirectional")
+
+
+def check_prefix_attention(value, owner: str) -> str:
+    """The one check of ``prefix_attention``, wherever it is given (every method's config, a recipe, decoding)."""
+    if value not in PREFIX_ATTENTION:
+        raise ValueError(f"{owner}: must be causal or bidirectional (causal: ordinary causal attention; "
+                         f"bidirectional: prompt tokens attend to the whole prompt), got {value!r}")
+    return value
+
 
 class JsonConfig:
     """``to_dict`` / ``from_dict`` (unknown fields named) / ``to_json_string`` for a method's config dataclass."""
@@ -31,10 +41,11 @@ class JsonConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def task_fields(cls, options: dict, task_settings: dict) -> dict:
+    def task_fields(cls, options: dict, task_settings: Optional[dict]) -> dict:
         """What the task decides in this config, given the user's ``options``: by default each of the task's
-        settings (e.g. an image task's ``grid_width``) that this config has a field for."""
-        return {k: v for k, v in task_settings.items() if k in cls.__dataclass_fields__}
+        settings (e.g. an image task's ``grid_width``) that this config has a field for. ``task_settings`` None:
+        the task is not built yet (a recipe checked on loading)."""
+        return {k: v for k, v in (task_settings or {}).items() if k in cls.__dataclass_fields__}
 
 
 @dataclass
@@ -118,8 +129,7 @@ class MuToRConfig(JsonConfig):
              "must be 'within_answer' (the paper's rule) or 'supervised_target'")
         need(self.register_embedding in ("shared", "per_offset"), "register_embedding",
              "must be 'shared' or 'per_offset'")
-        need(self.prefix_attention in ("causal", "bidirectional"), "prefix_attention",
-             "must be 'causal' or 'bidirectional'")
+        check_prefix_attention(self.prefix_attention, "MuToRConfig.prefix_attention")
         need(self.seed is None or is_int(self.seed), "seed", "must be None or an integer")
         need(is_int(self.grid_start) and self.grid_start >= 0, "grid_start", "must be an integer >= 0")
         if self.d_max_2d is None:
@@ -137,10 +147,14 @@ class MuToRConfig(JsonConfig):
                  "so leave min_offset at its default (1)")
 
     @classmethod
-    def task_fields(cls, options: dict, task_settings: dict) -> dict:
-        """An image task's grid applies to 2D offsets only: a 1D run on image tokens ignores it."""
+    def task_fields(cls, options: dict, task_settings: Optional[dict]) -> dict:
+        """An image task's grid applies to 2D offsets only: a 1D run on image tokens ignores it. Before the task
+        is built (``task_settings`` None) a 2D run is checked on the smallest grid its ``d_max_2d`` allows."""
         if options.get("d_max_2d") is None:
-            task_settings = {k: v for k, v in task_settings.items() if k not in ("grid_width", "grid_start")}
+            return super().task_fields(options, {k: v for k, v in (task_settings or {}).items()
+                                                 if k not in ("grid_width", "grid_start")})
+        if task_settings is None:
+            return {} if options.get("grid_width") is not None else {"grid_width": options["d_max_2d"]}
         return super().task_fields(options, task_settings)
 
     # ------------------------------------------------------------------ offsets

@@ -81,6 +81,22 @@ class RegisterLayout:
     def num_registers(self) -> int:
         return int(self.reg_valid.sum())
 
+    def loss_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows of the (T+R) sequence that carry a loss: ``keep`` (B, T+R), then ``targets`` (N,) and
+        ``is_reg`` (N,) of the kept rows, in the order of every per-row tensor of a forward (logits, losses)."""
+        targets = torch.cat([self.ntp_labels, self.reg_labels], 1)                       # (B, T+R)
+        keep = targets != IGNORE_INDEX                                                    # (B, T+R)
+        is_reg = torch.cat([torch.zeros_like(self.ntp_labels, dtype=torch.bool), self.reg_valid], 1)[keep]  # (N,)
+        return keep, targets[keep], is_reg
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) next-token targets: position t is scored on ``labels[t+1]``, the last on nothing (transformers'
+    shift, so that labels stay aligned with ``input_ids`` everywhere else)."""
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[:, :-1] = labels[:, 1:]
+    return out
+
 
 def _document_starts(position_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: a new document starts where positions do not continue or padding toggles."""
@@ -121,8 +137,7 @@ def build_layout(
     start = _document_starts(pos, am)                                               # (B, T)
     doc = torch.where(am, start.long().cumsum(1) - 1, -1)                            # (B, T)
     supervised = (labels != IGNORE_INDEX) & am                                      # (B, T)
-    ntp_labels = torch.full_like(labels, IGNORE_INDEX)
-    ntp_labels[:, :-1] = labels[:, 1:]                                              # transformers' shift
+    ntp_labels = shift_labels(labels)                                               # (B, T)
     limit = _regular_limits(config, ar, am, start, doc, supervised)                 # (B, T)
 
     offset_index, d = _row_offsets(config, B, dev, offset_index, generator)          # (B,), (B,)

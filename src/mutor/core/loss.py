@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["fused_linear_cross_entropy", "head_cross_entropy"]
+__all__ = ["fused_linear_cross_entropy", "head_cross_entropy", "top1_hits"]
 
 
 class _FusedLinearCE(torch.autograd.Function):
@@ -107,6 +107,13 @@ def _chunked_ce(hidden, weight, bias, targets, row_weight, softcap, chunk, need_
     grads = (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
              None if grad_b is None else grad_b.to(bias.dtype))
     return loss, ce, hit, grads
+
+
+@torch.no_grad()
+def top1_hits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the target is a top-1 choice of its row (ties count as correct), without copying rows out of
+    the (N, V) logits; the chunked loss computes the same inside its own max pass."""
+    return logits.gather(1, targets[:, None]).squeeze(1) >= logits.amax(-1)
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

@@ -24,9 +24,9 @@ from typing import Optional, Union
 import torch
 
 from .layout import RegisterLayout
+from .support import ATTENTION_LAYER_TYPES
 
 SUPPORTED_ATTENTION = ("sdpa", "eager", "flex_attention")
-SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def attention_windows(config) -> dict[str, Optional[int]]:
@@ -38,10 +38,10 @@ def attention_windows(config) -> dict[str, Optional[int]]:
     types = getattr(config, "layer_types", None)
     if not types:
         return {"full_attention": None} if window is None else {"sliding_attention": int(window)}
-    unknown = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
+    unknown = sorted(set(types) - set(ATTENTION_LAYER_TYPES))
     if unknown:
         raise ValueError(
-            f"{type(config).__name__} has layer types {unknown}; mutor supports {list(SUPPORTED_LAYER_TYPES)}"
+            f"{type(config).__name__} has layer types {unknown}; mutor supports {list(ATTENTION_LAYER_TYPES)}"
         )
     out: dict[str, Optional[int]] = {}
     for t in types:

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..core.config import check_prefix_attention
 from ..data.collator import left_pad
 
 __all__ = ["greedy_generate", "prefix_mask"]
@@ -106,8 +107,7 @@ def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[
 def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
                     eos_id: Optional[int] = None, prefix_attention: str = "causal") -> list[list[int]]:
     """Greedy completions (token ids, cut after eos) of one batch of tokenized prompts."""
-    if prefix_attention not in ("causal", "bidirectional"):
-        raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional' (got {prefix_attention!r})")
+    check_prefix_attention(prefix_attention, "prefix_attention")
     from ..utils.devices import model_device
 
     ids, am = left_pad(prompt_ids, pad_id)

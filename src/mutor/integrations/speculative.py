@@ -38,6 +38,7 @@ from typing import Optional, Union
 import torch
 from transformers import DynamicCache
 
+from ..core.config import check_prefix_attention
 from ..core.layout import RegisterLayout
 from ..core.masks import build_attention_mask
 from ..methods.mutor import MuToRModel
@@ -305,8 +306,7 @@ def _checked_arguments(
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be (1, n): batch size 1, got shape {tuple(input_ids.shape)}")
     prefix = model.mutor_config.prefix_attention if prefix_attention is None else prefix_attention
-    if prefix not in ("causal", "bidirectional"):
-        raise ValueError(f"prefix_attention must be 'causal' or 'bidirectional', got {prefix_attention!r}")
+    check_prefix_attention(prefix, "prefix_attention")
     prompt_len = input_ids.shape[1] if prefix == "bidirectional" else 0
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")

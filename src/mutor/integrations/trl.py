@@ -49,7 +49,6 @@ except ImportError as e:     # pragma: no cover - exercised only without the ext
     raise ImportError("mutor.integrations.trl needs TRL: pip install -e '.[trl]' in the mutor checkout (trl>=1.16)") from e
 
 from ..core.config import MuToRConfig
-from ..core.layout import IGNORE_INDEX
 from ..methods.multi_token import MultiTokenConfig
 from ..methods.registry import method_of_config
 from ..methods.wrapper import TrainingWrapper
@@ -90,12 +89,9 @@ class _WrapperLoss:
         mode = "train" if self.model.training else "eval"
         metrics, gather = self._metrics[mode], self.accelerator.gather_for_metrics
         if out.logits is not None and out.layout is not None:
-            lay = out.layout
-            targets = torch.cat([lay.ntp_labels, lay.reg_labels], 1)                     # (B, T+R)
-            keep = targets != IGNORE_INDEX                                               # rows of out.logits
-            is_reg = torch.cat([torch.zeros_like(lay.ntp_labels, dtype=torch.bool), lay.reg_valid], 1)[keep]
+            _, targets, is_reg = out.layout.loss_rows()                                  # rows of out.logits
             logits = out.logits[~is_reg]                                                 # (n_ntp, V)
-            tgt = targets[keep][~is_reg]                                                 # (n_ntp,)
+            tgt = targets[~is_reg]                                                       # (n_ntp,)
             n = gather(torch.tensor(len(tgt), device=logits.device)).sum()
             ent = gather(entropy_from_logits(logits.float()).sum()).sum()
             hit = gather((logits.argmax(-1) == tgt).sum()).sum()

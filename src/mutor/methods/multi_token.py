@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.config import JsonConfig, MuToRConfig
-from ..core.layout import IGNORE_INDEX, build_layout
+from ..core.config import JsonConfig, MuToRConfig, check_prefix_attention
+from ..core.layout import IGNORE_INDEX, build_layout, shift_labels
+from ..core.loss import top1_hits
 from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, master_dtype, objective_output,
                       prepare_inputs, row_weights)
 
@@ -56,9 +57,7 @@ class MultiTokenConfig(JsonConfig):
             raise ValueError(f"MultiTokenConfig.d_max: must be an integer >= 2 (got {self.d_max!r})")
         if isinstance(self.loss_weight, bool) or not (0.0 <= float(self.loss_weight) < 1.0):
             raise ValueError(f"MultiTokenConfig.loss_weight: must lie in [0, 1) (got {self.loss_weight!r})")
-        if self.prefix_attention not in ("causal", "bidirectional"):
-            raise ValueError(f"MultiTokenConfig.prefix_attention: must be 'causal' or 'bidirectional' "
-                             f"(got {self.prefix_attention!r})")
+        check_prefix_attention(self.prefix_attention, "MultiTokenConfig.prefix_attention")
 
 
 def _parts(inner: nn.Module):
@@ -145,8 +144,7 @@ class MultiTokenModel(TrainingWrapper):
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
                                                            self.device)
         base_mask, positions = self._prefix_mask(labels, attention_mask, position_ids)
-        ntp_labels = torch.full_like(labels, IGNORE_INDEX)
-        ntp_labels[:, :-1] = labels[:, 1:]                                              # (B, T)
+        ntp_labels = shift_labels(labels)                                               # (B, T)
         keep = ntp_labels != IGNORE_INDEX                                               # (B, T)
         run = dict(input_ids=input_ids, attention_mask=base_mask, position_ids=positions, use_cache=False, **kwargs)
         trunk_out, head_input = self._trunk(run, keep)
@@ -227,6 +225,5 @@ class MultiTokenModel(TrainingWrapper):
             tgt = targets[start:start + len(rows)]
             start += len(rows)
             ces.append(F.cross_entropy(logits.float(), tgt, reduction="none"))
-            with torch.no_grad():
-                hits.append(logits.gather(1, tgt[:, None]).squeeze(1) >= logits.amax(-1))
+            hits.append(top1_hits(logits, tgt))
         return torch.cat(ces), torch.cat(hits)

@@ -30,7 +30,8 @@ from torch import nn
 
 from ..core.attention import split_attention_for
 from ..core.config import SIDECAR_CONFIG, MuToRConfig
-from ..core.layout import IGNORE_INDEX, RegisterLayout, build_layout, sample_offsets
+from ..core.layout import RegisterLayout, build_layout, sample_offsets
+from ..core.loss import top1_hits
 from ..core.masks import build_attention_mask
 from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, master_dtype, objective_output,
                       prepare_inputs)
@@ -140,10 +141,7 @@ class MuToRModel(TrainingWrapper):
         layout = build_layout(labels, cfg, attention_mask, position_ids, offset_index, self._generator)
         inputs_embeds = self._embed(input_ids, layout)                                    # (B, T+R, C)
         mask = build_attention_mask(layout, self.attn_implementation, self.windows, inputs_embeds.dtype)
-        targets = torch.cat([layout.ntp_labels, layout.reg_labels], 1)                   # (B, T+R)
-        keep = targets != IGNORE_INDEX                                                    # (B, T+R)
-        is_reg = torch.cat([torch.zeros_like(layout.ntp_labels, dtype=torch.bool), layout.reg_valid], 1)[keep]
-        targets = targets[keep]                                                            # (N,)
+        keep, targets, is_reg = layout.loss_rows()                                        # (B, T+R), (N,), (N,)
         run = dict(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=layout.position_ids,
                    use_cache=False, **kwargs)
         with self._attention_context(layout, mask):
@@ -180,7 +178,4 @@ class MuToRModel(TrainingWrapper):
         """Logits through the model's own head, only at loss rows, and their cross-entropy and top-1 hits."""
         logits = self.logits_at(run, keep)                                                # (N, V)
         ce = F.cross_entropy(logits.float(), targets, reduction="none")                   # (N,)
-        with torch.no_grad():
-            # top-1 without copying the register rows out of the (N, V) logits (ties count as correct)
-            hit = logits.gather(1, targets[:, None]).squeeze(1) >= logits.amax(-1)        # (N,)
-        return logits, ce, hit
+        return logits, ce, top1_hits(logits, targets)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.config import JsonConfig
+from ..core.config import JsonConfig, check_prefix_attention
 from ..core.layout import IGNORE_INDEX
 from .wrapper import MuToROutput, TrainingWrapper, objective_output, prepare_inputs
 
@@ -33,9 +33,7 @@ class NextTokenConfig(JsonConfig):
                                                                       "attend to the whole prompt)."})
 
     def __post_init__(self) -> None:
-        if self.prefix_attention not in ("causal", "bidirectional"):
-            raise ValueError(f"NextTokenConfig.prefix_attention: must be 'causal' or 'bidirectional' "
-                             f"(got {self.prefix_attention!r})")
+        check_prefix_attention(self.prefix_attention, "NextTokenConfig.prefix_attention")
 
 
 class NextTokenModel(TrainingWrapper):

@@ -1,5 +1,6 @@
 """Building what a recipe names: tokenizer, base model (loaded, or a seeded random preset sized for the
-task), LoRA, the method's wrapper and ``TrainingArguments``. :mod:`mutor.run.train` runs them.
+task), LoRA and ``TrainingArguments``; the method's wrapper comes from :mod:`mutor.methods.registry`.
+:mod:`mutor.run.train` runs them.
 
 LoRA on a random-init base saves that base next to the run (peft records no base for a model
 built from a config), and every adapter of the run records where its base is.
@@ -13,16 +14,14 @@ from typing import Optional
 
 import torch
 
+from ..core.config import MuToRConfig
 from ..data.registry import TrainingData
-from ..methods.registry import get_method
+from ..utils.devices import TORCH_DTYPES
 from ..utils.errors import MutorUserError, from_pretrained, peft_quietly
 from .recipe import Recipe
 
-__all__ = ["build_tokenizer", "build_base_model", "wrap_for_method", "apply_lora", "training_arguments",
+__all__ = ["build_tokenizer", "build_base_model", "apply_lora", "training_arguments",
            "count_parameters", "rotary_grid", "save_random_lora_base", "record_lora_base", "LORA_BASE_DIR"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 # ------------------------------------------------------------------ building
 def build_tokenizer(recipe: Recipe):
@@ -52,7 +51,7 @@ def build_tokenizer(recipe: Recipe):
 def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torch.nn.Module:
     """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task (seeded)."""
     m = recipe.model
-    dtype = _DTYPES[m.dtype]
+    dtype = TORCH_DTYPES[m.dtype]
     if m.name_or_path is not None:
         from transformers import AutoModelForCausalLM
 
@@ -69,7 +68,8 @@ def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torc
     else:
         raise ValueError(f"task {recipe.data['task']!r} gives no vocabulary size and there is no tokenizer; "
                          "set model.tokenizer")
-    d_extra = max(int(recipe.mutor.get("d_max", 4)), 1) * int(recipe.mutor.get("grid_width") or 1)
+    reach = recipe.mutor                       # the same positions for every method, so the same random init
+    d_extra = max(int(reach.get("d_max", MuToRConfig.d_max)), 1) * int(reach.get("grid_width") or 1)
     max_pos = max(2048, (task.max_length or 0) + d_extra + 8)
     kw = dict(max_position_embeddings=max_pos, pad_token_id=task.pad_token_id, bos_token_id=task.bos_token_id,
               eos_token_id=task.eos_token_id)
@@ -94,18 +94,6 @@ def _positions(model: torch.nn.Module, m, task: TrainingData) -> torch.nn.Module
     from ..image.rotary2d import use_rotary_2d
 
     return use_rotary_2d(model, **rotary_grid(task))
-
-
-def wrap_for_method(base: torch.nn.Module, recipe: Recipe, method: str, task: TrainingData) -> torch.nn.Module:
-    """The module Trainer trains: the method's wrapper (:mod:`mutor.methods.registry`), or the base itself
-    for a next-token run that needs nothing else."""
-    spec = get_method(method)
-    options = getattr(recipe, spec.recipe_block) if spec.recipe_block else {}
-    if options.get("prefix_attention", recipe.prefix_attention) != recipe.prefix_attention:
-        raise ValueError("set prefix_attention at the top of the recipe (it applies to every method)")
-    config = spec.config(options, recipe.prefix_attention,
-                         **spec.config_class.task_fields(options, task.mutor_overrides))
-    return spec.wrap(base, config, loss_chunk_size=recipe.loss_chunk_size)
 
 
 def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:

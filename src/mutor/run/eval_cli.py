@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    from ..core.config import PREFIX_ATTENTION
     from ..eval.harness import BENCHMARKS
     from ..utils.devices import DTYPES
 
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N examples only (smoke runs)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's budget")
-    p.add_argument("--prefix-attention", choices=["causal", "bidirectional"], default=None,
+    p.add_argument("--prefix-attention", choices=PREFIX_ATTENTION, default=None,
                    help="default: what the run was trained with (recipe.yaml / mutor_config.json), else causal")
     p.add_argument("--tokenizer", default=None, help="default: the model directory's tokenizer")
     p.add_argument("--device", default=None, help="torch device to evaluate on (default: cuda when a GPU is "

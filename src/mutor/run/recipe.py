@@ -37,10 +37,11 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from ..core.config import MuToRConfig
+from ..core.config import check_prefix_attention
 from ..integrations.clipping import GRAD_CLIP_MODES
 from ..methods.registry import get_method, method_names
 from ..utils.errors import MutorUserError, did_you_mean
+from ..utils.devices import TORCH_DTYPES
 from ..utils.io import yaml_load
 
 __all__ = ["ModelArgs", "Recipe", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
@@ -160,8 +161,9 @@ class ModelArgs:
                                          "Saved in the run's task_info.json; checkpoints stay vanilla."})
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype must be float32, bfloat16 or float16 (got {self.dtype!r})")
+        if self.dtype not in TORCH_DTYPES:
+            *rest, last = TORCH_DTYPES
+            raise ValueError(f"model.dtype must be {', '.join(rest)} or {last} (got {self.dtype!r})")
         if self.name_or_path is None and self.preset is None:
             raise ValueError("model: set name_or_path (a pretrained model) or preset (a random-init shape); "
                              "both are null")
@@ -230,8 +232,7 @@ class Recipe:
             raise ValueError(f"recipe method lists {self.methods} with repeats")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"recipe threads must be a positive integer or null (got {self.threads!r})")
-        if self.prefix_attention not in ("causal", "bidirectional"):
-            raise ValueError(f"recipe prefix_attention must be causal or bidirectional (got {self.prefix_attention!r})")
+        check_prefix_attention(self.prefix_attention, "recipe prefix_attention")
         if self.grad_clip not in GRAD_CLIP_MODES:
             raise ValueError(f"recipe grad_clip must be one of {list(GRAD_CLIP_MODES)} (got {self.grad_clip!r})")
         if not isinstance(self.data, dict) or "task" not in self.data:
@@ -241,9 +242,10 @@ class Recipe:
                 raise ValueError(f"recipe {blk} must be a mapping (got {type(getattr(self, blk)).__name__})")
         if self.lora is not None and not isinstance(self.lora, dict):
             raise ValueError("recipe lora must be a mapping of peft.LoraConfig fields, or null")
-        if "prefix_attention" in self.mutor and self.mutor["prefix_attention"] != self.prefix_attention:
-            raise ValueError("set prefix_attention at the top of the recipe (it applies to every method), "
-                             "not in the mutor block")
+        for blk in method_blocks():
+            if getattr(self, blk).get("prefix_attention", self.prefix_attention) != self.prefix_attention:
+                raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
+                                     f"not in the {blk} block")
         if self.loss_chunk_size is not None and self.loss_chunk_size < 1:
             raise MutorUserError(f"recipe loss_chunk_size must be a positive integer or null "
                                  f"(got {self.loss_chunk_size!r})")
@@ -253,8 +255,7 @@ class Recipe:
         if self.lora is not None:
             self._validate_lora()
         for r in [self] + [self.for_method(n) for n in self.variants]:
-            r._validate_mutor()          # now, with MuToRConfig's own messages
-            r._validate_multi_token()
+            r._validate_method_blocks()  # now, with each config class's own messages
 
     def _validate_lora(self) -> None:
         try:
@@ -267,32 +268,31 @@ class Recipe:
         except (TypeError, ValueError) as err:
             raise MutorUserError(f"recipe lora: {err}") from None
 
-    def _validate_multi_token(self) -> None:
-        from ..methods.multi_token import MultiTokenConfig
-
-        if "prefix_attention" in self.multi_token:
-            raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
-                                 "not in the multi_token block")
-        unknown_keys(self.multi_token, [k for k in MultiTokenConfig.__dataclass_fields__ if k != "prefix_attention"],
-                     "multi_token", "mutor.methods.multi_token.MultiTokenConfig")
-        try:
-            MultiTokenConfig.from_dict({**self.multi_token, "prefix_attention": self.prefix_attention})
-        except (TypeError, ValueError) as err:
-            raise MutorUserError(f"recipe multi_token: {err}") from None
-
     @property
     def methods(self) -> list[str]:
         return list(self.method) if isinstance(self.method, (list, tuple)) else [self.method]
 
-    def _validate_mutor(self) -> None:
-        unknown_keys(self.mutor, list(MuToRConfig.__dataclass_fields__), "mutor", "mutor.MuToRConfig")
-        extra = {}
-        if self.mutor.get("d_max_2d") is not None and self.mutor.get("grid_width") is None:
-            extra["grid_width"] = self.mutor["d_max_2d"]     # the task sets the real grid width at run time
-        self.mutor_config(**extra)
+    def _validate_method_blocks(self) -> None:
+        """Each registered method's block: unknown keys by name, then its config class's own checks."""
+        for name in method_names():
+            spec = get_method(name)
+            if spec.recipe_block is None:
+                continue
+            fields = list(spec.config_class.__dataclass_fields__)
+            unknown_keys(getattr(self, spec.recipe_block), fields, spec.recipe_block,
+                         f"{spec.config_class.__module__}.{spec.config_class.__name__}")
+            try:
+                self.method_config(name)
+            except (TypeError, ValueError) as err:
+                raise MutorUserError(f"recipe {spec.recipe_block}: {err}") from None
 
-    def mutor_config(self, **overrides: Any) -> MuToRConfig:
-        return MuToRConfig.from_dict({**self.mutor, "prefix_attention": self.prefix_attention, **overrides})
+    def method_config(self, method: str, task_settings: Optional[dict] = None):
+        """The typed config of ``method`` (registered name, not a variant: see :meth:`for_method`): the options in
+        its recipe block, the run-wide ``prefix_attention`` and what the task decides (``task_settings``, e.g. an
+        image task's grid; None before the task is built: :meth:`~mutor.core.config.JsonConfig.task_fields`)."""
+        spec = get_method(method)
+        options = getattr(self, spec.recipe_block) if spec.recipe_block else {}
+        return spec.config(options, self.prefix_attention, **spec.config_class.task_fields(options, task_settings))
 
     def for_method(self, method: str) -> "Recipe":
         """This recipe for one method (or named variant: its method, with its settings merged in)."""

