@@ -55,7 +55,8 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         greedy, g_sec = timed(lambda p: greedy_generate(model.base_model, [p], n_new, pad_id=tok.pad_token_id,
                                                         eos_id=eos, prefix_attention=mode)[0])
         n_tok = sum(len(g) for g in greedy)
-        result = {"checkpoint": str(ckpt), "task": task, "prompts": len(prompts), "max_new_tokens": n_new,
+        result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "prompts": len(prompts),
+                  "max_new_tokens": n_new,
                   "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode, "d_max": d_max,
                   "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
                   "drafting": {}}
@@ -79,6 +80,18 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
                                             "speedup_vs_greedy": round(g_sec / sec, 3),
                                             "identical_to_greedy": outs == greedy}
     return result
+
+
+def _code() -> str:
+    """The commit of the mutor these numbers were measured with (the driver's row records its own, which
+    differs when a drafting.json was measured by hand with newer code)."""
+    import subprocess
+
+    import mutor
+
+    here = Path(mutor.__file__).resolve().parent
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 def main(argv=None) -> int:
