@@ -71,12 +71,20 @@ def test_every_block_is_validated_before_any_method_trains(tmp_path, monkeypatch
     cases = [("multi_token.d_max=0", "MultiTokenConfig.d_max"),
              ("training.max_stepz=3", "'max_stepz': did you mean 'max_steps'?"),
              ("lora.rank=8", "recipe lora: unknown key(s) ['rank']"),
+             ("model.presett=tiny-llama", "'presett': did you mean 'preset'?"),
              ("training.lr_scheduler_type=nope", "recipe training:")]
     for override, needle in cases:
         with pytest.raises(MutorUserError) as err:
             train.run_recipe("tiny/gsm8k", [override, f"training.output_dir={tmp_path / 'r'}"], quiet=True)
         assert needle in str(err.value), (override, str(err.value))
     assert not (tmp_path / "r").exists()
+
+
+def test_misspelt_model_preset_gets_a_hint():
+    from mutor.models.presets import tiny_causal_lm
+
+    with pytest.raises(ValueError, match=r"unknown model preset 'tiny-lama' \('tiny-lama': did you mean 'tiny-llama'\?\)"):
+        tiny_causal_lm(64, "tiny-lama")
 
 
 def test_empty_data_file_is_named(tmp_path, capsys):

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutor import MuToRConfig
-from mutor.core.layout import build_layout
+from mutor.core.layout import build_layout, regular_layout
 from mutor.core.masks import allowed_dense
 
 IGN = -100
@@ -337,6 +337,23 @@ def test_layout_and_mask_match_naive_reference(data, batch, config, seed, window
         assert all(0 <= c < n for c in choice)
     regs_all = check_layout(batch, config, lay, choice)
     check_mask(batch, config, lay, regs_all, window)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=batches(), prefix=st.sampled_from(["causal", "bidirectional"]), window=st.sampled_from([None, 1, 2, 5]))
+def test_regular_layout_is_the_rule_without_registers(batch, prefix, window):
+    """``regular_layout`` (the next-token baseline's mask, decoding's prompt mask): the naive reference's
+    regular-token attention, documents and shifted labels, no register slot, nothing drawn from the RNG."""
+    labels, am, pos = batch.tensors()
+    before = torch.random.get_rng_state()
+    lay = regular_layout(labels, prefix, am, pos)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert lay.num_slots == 0 and lay.num_registers == 0 and lay.num_regular == batch.T
+    for b in range(batch.B):
+        assert lay.ntp_labels[b].tolist() == batch.labels[b][1:] + [IGN]
+        assert lay.position_ids[b].tolist() == batch.pos[b]
+        assert lay.key_ok[b].tolist() == [a == 1 for a in batch.am[b]]
+    check_mask(batch, MuToRConfig(prefix_attention=prefix), lay, [[] for _ in range(batch.B)], window)
 
 
 @settings(max_examples=120, deadline=None)

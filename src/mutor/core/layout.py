@@ -124,21 +124,9 @@ def build_layout(
     per row, which tokens may carry a register, which of them get a slot, and the registers' own
     position ids, labels and attention. Random draws (``generator``, else torch's global RNG), in this
     order: the offsets (when ``offset_index`` is None), then the placement (when ``num_registers`` is set)."""
-    if labels.dim() != 2:
-        raise ValueError(f"labels must be (batch, seq_len), got shape {tuple(labels.shape)}")
-    B, T = labels.shape
-    dev = labels.device
-    am = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask.to(dev).bool()
-    ar = torch.arange(T, device=dev).expand(B, T)                                   # (B, T)
-    pos = ar if position_ids is None else position_ids.to(dev).long()              # (B, T)
-    if am.shape != (B, T) or pos.shape != (B, T):
-        raise ValueError(f"attention_mask {tuple(am.shape)} and position_ids {tuple(pos.shape)} must match labels {(B, T)}")
-
-    start = _document_starts(pos, am)                                               # (B, T)
-    doc = torch.where(am, start.long().cumsum(1) - 1, -1)                            # (B, T)
-    supervised = (labels != IGNORE_INDEX) & am                                      # (B, T)
-    ntp_labels = shift_labels(labels)                                               # (B, T)
-    limit = _regular_limits(config, ar, am, start, doc, supervised)                 # (B, T)
+    s = _RegularStream.of(labels, config.prefix_attention, attention_mask, position_ids)
+    B, T = s.ar.shape
+    dev, ar, am, pos, doc, supervised, limit = s.dev, s.ar, s.am, s.pos, s.doc, s.supervised, s.limit
 
     offset_index, d = _row_offsets(config, B, dev, offset_index, generator)          # (B,), (B,)
     eligible = _eligible_sources(config, ar, am, pos, doc, supervised, offset_index, d)  # (B, T)
@@ -157,7 +145,7 @@ def build_layout(
         doc_ids=torch.cat([doc, reg_doc], 1),
         limit=torch.cat([limit, reg_limit], 1),
         key_ok=torch.cat([am, torch.zeros_like(valid)], 1),
-        ntp_labels=ntp_labels,
+        ntp_labels=shift_labels(labels),
         reg_source=src,
         reg_labels=reg_labels,
         reg_choice=offset_index[:, None].expand(B, R),
@@ -166,15 +154,62 @@ def build_layout(
     )
 
 
+def regular_layout(labels: torch.Tensor, prefix_attention: str = "causal",
+                   attention_mask: Optional[torch.Tensor] = None,
+                   position_ids: Optional[torch.Tensor] = None) -> RegisterLayout:
+    """The batch with no register: documents, supervision and the regular tokens' attention rule. What the
+    next-token baseline and the Multi-Token trunk train under, and what decoding encodes a prompt with (all
+    labels ignored: the whole prompt is the prefix). Nothing is drawn from any RNG."""
+    s = _RegularStream.of(labels, prefix_attention, attention_mask, position_ids)
+    B = s.ar.shape[0]
+    none = torch.zeros(B, 0, dtype=torch.long, device=s.dev)                        # (B, 0)
+    return RegisterLayout(position_ids=s.pos, doc_ids=s.doc, limit=s.limit, key_ok=s.am,
+                          ntp_labels=shift_labels(labels), reg_source=none, reg_labels=none, reg_choice=none,
+                          reg_valid=none.bool(), offset_index=torch.zeros(B, dtype=torch.long, device=s.dev))
+
+
+@dataclass
+class _RegularStream:
+    """The regular tokens of a batch, each (B, T): indices, non-padding, position ids, documents, supervision
+    and attention limits (the rule of the module docstring, before any register)."""
+
+    dev: torch.device
+    ar: torch.Tensor
+    am: torch.Tensor
+    pos: torch.Tensor
+    doc: torch.Tensor
+    supervised: torch.Tensor
+    limit: torch.Tensor
+
+    @classmethod
+    def of(cls, labels: torch.Tensor, prefix_attention: str, attention_mask: Optional[torch.Tensor],
+           position_ids: Optional[torch.Tensor]) -> "_RegularStream":
+        if labels.dim() != 2:
+            raise ValueError(f"labels must be (batch, seq_len), got shape {tuple(labels.shape)}")
+        B, T = labels.shape
+        dev = labels.device
+        am = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask.to(dev).bool()
+        ar = torch.arange(T, device=dev).expand(B, T)                               # (B, T)
+        pos = ar if position_ids is None else position_ids.to(dev).long()          # (B, T)
+        if am.shape != (B, T) or pos.shape != (B, T):
+            raise ValueError(f"attention_mask {tuple(am.shape)} and position_ids {tuple(pos.shape)} must match "
+                             f"labels {(B, T)}")
+        start = _document_starts(pos, am)                                           # (B, T)
+        doc = torch.where(am, start.long().cumsum(1) - 1, -1)                        # (B, T)
+        supervised = (labels != IGNORE_INDEX) & am                                  # (B, T)
+        limit = _regular_limits(prefix_attention, ar, am, start, doc, supervised)   # (B, T)
+        return cls(dev, ar, am, pos, doc, supervised, limit)
+
+
 def _regular_limits(
-    config: MuToRConfig, ar: torch.Tensor, am: torch.Tensor, start: torch.Tensor, doc: torch.Tensor,
+    prefix_attention: str, ar: torch.Tensor, am: torch.Tensor, start: torch.Tensor, doc: torch.Tensor,
     supervised: torch.Tensor,
 ) -> torch.Tensor:
     """(B, T) attention limit of each regular token: itself, or under a bidirectional prefix the last
     prompt token of its document for a prompt token (the prompt ends before the first answer token)."""
     B, T = ar.shape
     limit = ar.clone()
-    if config.prefix_attention == "bidirectional":
+    if prefix_attention == "bidirectional":
         target_idx = torch.where(supervised & ~start, ar, T)                        # first answer token per doc
         first = torch.full((B, T), T, device=ar.device, dtype=torch.long)
         first = first.scatter_reduce(1, doc.clamp(min=0), target_idx, reduce="amin")

@@ -25,27 +25,23 @@ def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: t
                 windows: Optional[dict] = None, position_ids: Optional[torch.Tensor] = None):
     """(B, 1, P, P) mask for encoding prompts bidirectionally: real tokens see every real token of their row.
 
-    Padding queries see only themselves (their outputs are never used; a fully masked row would
-    give NaN). Boolean for sdpa/flex, additive float for eager. ``windows`` (``masks.attention_windows``
-    of the model) with ``position_ids``: sliding-window layers get the training rule (layout.py), a key
-    is seen when ``pos[q] - pos[k] < window``, as a dict keyed by layer type when the model mixes layers.
+    Training's attention rule (:func:`mutor.core.layout.regular_layout`, every label ignored so the whole
+    prompt is the prefix) through training's mask builder (:func:`mutor.core.masks.build_attention_mask`):
+    padding queries see only themselves (their outputs are never used; a fully masked row would give NaN);
+    boolean for sdpa and flex, additive float for eager; ``windows`` (``masks.attention_windows`` of the model)
+    with ``position_ids`` (default: counting from each row's first real token): a sliding-window layer sees
+    a key when ``pos[q] - pos[k] < window``, as a dict keyed by layer type when the model mixes layers.
     """
+    from ..core.layout import IGNORE_INDEX, regular_layout
+    from ..core.masks import build_attention_mask
+
     am = attention_mask.bool()                                                     # (B, P)
-    P = am.shape[1]
-    eye = torch.eye(P, dtype=torch.bool, device=am.device)
-    base = am[:, None, :] & am[:, :, None]                                         # (B, P, P)
-
-    def finish(allowed):
-        allowed = (allowed | eye)[:, None]                                         # (B, 1, P, P)
-        if attn_implementation == "eager":
-            return torch.zeros(allowed.shape, dtype=dtype, device=am.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return allowed
-
-    if not windows or all(w is None for w in windows.values()):
-        return finish(base)
     pos = position_ids if position_ids is not None else (am.long().cumsum(1) - 1).clamp(min=0)
-    by_w = {w: finish(base if w is None else base & ((pos[:, :, None] - pos[:, None, :]) < w)) for w in set(windows.values())}
-    return by_w[next(iter(windows.values()))] if len(windows) == 1 else {t: by_w[w] for t, w in windows.items()}
+    if not windows or all(w is None for w in windows.values()):
+        windows = {"full_attention": None}
+    layout = regular_layout(torch.full(am.shape, IGNORE_INDEX, device=am.device), "bidirectional", am, pos)
+    dense = "sdpa" if attn_implementation == "flex_attention" else attn_implementation   # a (B, 1, P, P) bool
+    return build_attention_mask(layout, dense, windows, dtype)
 
 
 def _accepts_logits_to_keep(model) -> bool:

@@ -266,13 +266,10 @@ class TrainingWrapper(nn.Module):
     def register_free_mask(self, labels, attention_mask, position_ids, prefix_attention: str):
         """mutor's attention rule with no register (bidirectional prefix, packed documents, sliding windows):
         the mask for this model's backend and the layout's position ids. Nothing is drawn from any RNG."""
-        from ..core.config import MuToRConfig
-        from ..core.layout import build_layout
+        from ..core.layout import regular_layout
         from ..core.masks import build_attention_mask
 
-        rule = MuToRConfig(loss_weight=0.0, prefix_attention=prefix_attention)
-        no_offsets = torch.zeros(len(labels), dtype=torch.long)                           # (B,)
-        layout = build_layout(labels, rule, attention_mask, position_ids, no_offsets)
+        layout = regular_layout(labels, prefix_attention, attention_mask, position_ids)
         dtype = self.get_input_embeddings().weight.dtype
         return build_attention_mask(layout, self.attn_implementation, self.windows, dtype), layout
 

@@ -36,7 +36,11 @@ def tiny_causal_lm(vocab_size: int, preset: str = "tiny-llama", max_position_emb
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; known presets: {sorted(PRESETS)}")
+        from ..utils.errors import did_you_mean
+
+        hint = did_you_mean([preset], sorted(PRESETS))
+        raise ValueError(f"unknown model preset {preset!r}{' (' + hint + ')' if hint else ''}; "
+                         f"known presets: {sorted(PRESETS)}")
     family, hidden, layers, heads, kv, inter = PRESETS[preset]
     kw = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
               num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max_position_embeddings,
