@@ -7,9 +7,7 @@ every register's logits equal the independent single-register reference of tests
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -148,6 +148,34 @@ def test_accumulated_denominators_are_the_global_counts(tmp_path):
     assert int(trainer._num_reg_in_batch) == sum(o.num_registers for o in outs)
 
 
+@pytest.mark.parametrize("cfg,builds_per_micro_batch", [(MuToRConfig(d_max=3, loss_weight=0.3), 1),
+                                                        (MultiTokenConfig(d_max=3, loss_weight=0.3), 2)],
+                         ids=["mutor", "multi-token"])
+def test_each_micro_batch_builds_its_layout_once(tmp_path, cfg, builds_per_micro_batch, monkeypatch):
+    """The layout the trainer counts for the denominator is the one the forward trains on: built once per
+    micro-batch (Multi-Token: once per head), and the forward's output is the same as with a layout of its own."""
+    import mutor.methods.multi_token as mt_module
+    import mutor.methods.mutor as mutor_module
+    from mutor.methods.wrapper import COUNTED_LAYOUT
+
+    module, name = (mt_module, "head_target_layout") if isinstance(cfg, MultiTokenConfig) else (mutor_module,
+                                                                                                 "build_layout")
+    calls = []
+    real_build = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    wrapper = MultiTokenModel if isinstance(cfg, MultiTokenConfig) else MuToRModel
+    model = wrapper(tiny_causal_lm(259, seed=0), cfg)
+    MuToRTrainer(model=model, args=_args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2),
+                 train_dataset=_examples(), data_collator=_WithOffsets()).train()
+    assert len(calls) == 2 * 2 * builds_per_micro_batch                   # 2 steps x 2 micro-batches
+    batch = _WithOffsets()(_examples()[:4])
+    model.count_reg_targets(batch)
+    assert COUNTED_LAYOUT in batch
+    with torch.no_grad():
+        handed, own = model(**batch), model(**{k: v for k, v in batch.items() if k != COUNTED_LAYOUT})
+    assert torch.equal(handed.loss, own.loss) and handed.num_registers == own.num_registers
+
+
 RECIPE = {
     "method": "mutor", "seed": 0,
     "model": {"preset": "tiny-llama", "tokenizer": "byte"},

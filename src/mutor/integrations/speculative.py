@@ -256,9 +256,8 @@ def generate(
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
             length.observe(len(draft), kept)
-            e = a + kept                                           # newest kept token in feed
             new = draft[:kept] + [nxt]
-            cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to e; no registers
+            cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to the newest kept; no registers
             if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
                 cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
                 break

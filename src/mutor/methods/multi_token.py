@@ -34,8 +34,8 @@ from torch import nn
 from ..core.config import JsonConfig, MuToRConfig, check_prefix_attention
 from ..core.layout import IGNORE_INDEX, build_layout, shift_labels
 from ..core.loss import top1_hits
-from .wrapper import (MuToROutput, TrainingWrapper, inner_model, labels_of, master_dtype, objective_output,
-                      prepare_inputs, row_weights)
+from .wrapper import (COUNTED_LAYOUT, MuToROutput, TrainingWrapper, counted_for, inner_model, labels_of, master_dtype,
+                      objective_output, prepare_inputs, row_weights)
 
 MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
@@ -103,10 +103,16 @@ class MultiTokenModel(TrainingWrapper):
 
     # ------------------------------------------------------------ what the trainer asks
     def count_reg_targets(self, batch: dict) -> int:
-        """Head ``k`` has a target at ``t`` when ``x_{t+k}`` is supervised and in the same document."""
-        labels, am, pos = labels_of(batch), batch.get("attention_mask"), batch.get("position_ids")
-        return sum(head_target_layout(labels, k, am, pos).num_registers
-                   for k in range(2, self.multi_token_config.d_max + 1))
+        """Head ``k`` has a target at ``t`` when ``x_{t+k}`` is supervised and in the same document; the heads'
+        target layouts are left in the batch for the forward (``COUNTED_LAYOUT``)."""
+        batch[COUNTED_LAYOUT] = self._head_layouts(labels_of(batch), batch.get("attention_mask"),
+                                                   batch.get("position_ids"))
+        return sum(lay.num_registers for lay in batch[COUNTED_LAYOUT])
+
+    def _head_layouts(self, labels, attention_mask, position_ids) -> list:
+        """Head ``k``'s target layout for ``k`` = 2 .. d_max (:func:`head_target_layout`)."""
+        return [head_target_layout(labels, k, attention_mask, position_ids)
+                for k in range(2, self.multi_token_config.d_max + 1)]
 
     def offset_names(self) -> list[str]:
         return [f"d={k}" for k in range(2, self.multi_token_config.d_max + 1)]
@@ -135,11 +141,13 @@ class MultiTokenModel(TrainingWrapper):
         position_ids: Optional[torch.Tensor] = None,
         num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
         num_registers_in_batch: Optional[Union[int, torch.Tensor]] = None,
+        counted_layout: Optional[list] = None,
         **kwargs: Any,
     ) -> MuToROutput:
         """``labels`` aligned with ``input_ids`` (-100 where no loss). Head ``k`` at ``t`` targets ``labels[t+k]``
         when it is supervised and in the same document; ``num_registers_in_batch`` is the total head-target count
-        of the accumulated batch (the trainer counts it), ``num_items_in_batch`` the next-token count."""
+        of the accumulated batch (the trainer counts it), ``num_items_in_batch`` the next-token count;
+        ``counted_layout`` the heads' target layouts :meth:`count_reg_targets` built for this batch."""
         kwargs.pop("offset_index", None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
                                                            self.device)
@@ -148,7 +156,8 @@ class MultiTokenModel(TrainingWrapper):
         keep = ntp_labels != IGNORE_INDEX                                               # (B, T)
         run = dict(input_ids=input_ids, attention_mask=base_mask, position_ids=positions, use_cache=False, **kwargs)
         trunk_out, head_input = self._trunk(run, keep)
-        head_rows, head_tgt = self._head_rows(head_input, labels, attention_mask, positions)
+        layouts = counted_for(counted_layout, labels) or self._head_layouts(labels, attention_mask, positions)
+        head_rows, head_tgt = self._head_rows(head_input, layouts)
         counts = torch.tensor([len(t) for t in head_tgt], device=self.device)
         n_ntp = int(keep.sum())
         is_reg = torch.arange(n_ntp + int(counts.sum()), device=self.device) >= n_ntp    # (N + n_reg,)
@@ -199,15 +208,14 @@ class MultiTokenModel(TrainingWrapper):
             handle.remove()
         return out, (captured["args"], dict(captured["kwargs"]))
 
-    def _head_rows(self, head_input, labels, attention_mask, position_ids):
+    def _head_rows(self, head_input, layouts: list):
         """Each head's hidden states at its target positions (n_k, C), and the targets (n_k,)."""
         args, kw = head_input
         trunk = args[0] if args else kw.pop("hidden_states")                           # (B, T, C)
         rest = args[1:]
         rows, targets = [], []
         half = trunk.dtype in (torch.bfloat16, torch.float16) and next(self.heads.parameters()).dtype != trunk.dtype
-        for k, head in enumerate(self.heads, start=2):
-            lay = head_target_layout(labels, k, attention_mask, position_ids)
+        for head, lay in zip(self.heads, layouts):
             with torch.autocast(trunk.device.type, dtype=trunk.dtype) if half else contextlib.nullcontext():
                 h = head(trunk, *rest, **kw)                   # fp32 master weights, computed in the trunk's dtype
             h = (h[0] if isinstance(h, tuple) else h).to(trunk.dtype)                   # (B, T, C)

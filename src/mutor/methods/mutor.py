@@ -33,8 +33,8 @@ from ..core.config import SIDECAR_CONFIG, MuToRConfig
 from ..core.layout import RegisterLayout, build_layout, sample_offsets
 from ..core.loss import top1_hits
 from ..core.masks import build_attention_mask
-from .wrapper import (MuToROutput, TrainingWrapper, accepts, inner_model, labels_of, master_dtype, objective_output,
-                      prepare_inputs)
+from .wrapper import (COUNTED_LAYOUT, MuToROutput, TrainingWrapper, accepts, counted_for, inner_model, labels_of,
+                      master_dtype, objective_output, prepare_inputs)
 
 __all__ = ["MuToRModel", "MuToROutput", "SIDECAR_WEIGHTS"]
 
@@ -90,12 +90,16 @@ class MuToRModel(TrainingWrapper):
     def count_reg_targets(self, batch: dict) -> int:
         """Samples the per-row offsets now (into ``batch["offset_index"]``, with the model's own generator when
         it has one) and counts the registers they give. The count does not depend on which random subset
-        ``num_registers`` later picks, only on how many are eligible."""
+        ``num_registers`` later picks, only on how many are eligible; without ``num_registers`` the labels and the
+        offsets fix the whole layout, which is left in the batch for the forward (``COUNTED_LAYOUT``). With it, the
+        forward places its registers itself, drawing where it always has."""
         labels = labels_of(batch)
         if "offset_index" not in batch:
             batch["offset_index"] = sample_offsets(self.mutor_config, labels.shape[0], self._generator)
         layout = build_layout(labels, self.mutor_config, batch.get("attention_mask"), batch.get("position_ids"),
                               batch["offset_index"], generator=torch.Generator())
+        if self.mutor_config.num_registers is None:
+            batch[COUNTED_LAYOUT] = layout
         return layout.num_registers
 
     def offset_names(self) -> list[str]:
@@ -104,6 +108,8 @@ class MuToRModel(TrainingWrapper):
     def extra_position_params(self, inputs: dict, params: int) -> int:
         """Each register runs through the whole model: registers x ``params``, for a batch whose offsets the
         trainer has drawn (none counted otherwise: counting must not draw from any RNG)."""
+        if COUNTED_LAYOUT in inputs:
+            return inputs[COUNTED_LAYOUT].num_registers * params
         return (self.count_reg_targets(inputs) if "offset_index" in inputs else 0) * params
 
     def rng_state(self) -> Optional[torch.Tensor]:
@@ -126,6 +132,7 @@ class MuToRModel(TrainingWrapper):
         num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
         num_registers_in_batch: Optional[Union[int, torch.Tensor]] = None,
         return_logits: bool = False,
+        counted_layout: Optional[RegisterLayout] = None,
         **kwargs: Any,
     ) -> MuToROutput:
         """One training forward.
@@ -134,11 +141,14 @@ class MuToRModel(TrainingWrapper):
         causal LM; None means every non-padding token. ``position_ids`` mark packed documents.
         ``offset_index`` (B,) overrides the sampled offsets (indices into ``offset_choices()``).
         ``num_items_in_batch`` / ``num_registers_in_batch`` replace the per-batch denominators
-        of the two losses (token-weighted means under gradient accumulation).
+        of the two losses (token-weighted means under gradient accumulation). ``counted_layout`` is the layout
+        :meth:`count_reg_targets` built for this batch (the trainer hands it on), used instead of building it again.
         """
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids, self.device)
         cfg = self.mutor_config
-        layout = build_layout(labels, cfg, attention_mask, position_ids, offset_index, self._generator)
+        layout = counted_for(counted_layout, labels)
+        if layout is None:
+            layout = build_layout(labels, cfg, attention_mask, position_ids, offset_index, self._generator)
         inputs_embeds = self._embed(input_ids, layout)                                    # (B, T+R, C)
         mask = build_attention_mask(layout, self.attn_implementation, self.windows, inputs_embeds.dtype)
         keep, targets, is_reg = layout.loss_rows()                                        # (B, T+R), (N,), (N,)

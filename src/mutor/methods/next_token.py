@@ -20,7 +20,7 @@ from torch import nn
 
 from ..core.config import JsonConfig, check_prefix_attention
 from ..core.layout import IGNORE_INDEX
-from .wrapper import MuToROutput, TrainingWrapper, objective_output, prepare_inputs
+from .wrapper import COUNTED_LAYOUT, MuToROutput, TrainingWrapper, objective_output, prepare_inputs
 
 NT_CONFIG = "next_token_config.json"
 
@@ -72,7 +72,7 @@ class NextTokenModel(TrainingWrapper):
     ) -> MuToROutput:
         """The next-token loss of the base model under mutor's mask (bidirectional prefix, packed documents,
         sliding windows: :func:`mutor.core.masks.build_attention_mask`), through the chunked loss when configured."""
-        for unused in ("offset_index", "num_registers_in_batch"):
+        for unused in ("offset_index", "num_registers_in_batch", COUNTED_LAYOUT):
             kwargs.pop(unused, None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
                                                            self.device)

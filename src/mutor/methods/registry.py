@@ -19,11 +19,10 @@ from typing import Any, Optional, Union
 
 from torch import nn
 
-from ..core.config import MuToRConfig  # noqa: F401  (the config class of MuToRModel)
 from ..utils.errors import did_you_mean
-from .multi_token import MultiTokenConfig, MultiTokenModel
+from .multi_token import MultiTokenModel
 from .mutor import MuToRModel
-from .next_token import NextTokenConfig, NextTokenModel
+from .next_token import NextTokenModel
 from .wrapper import TrainingWrapper
 
 __all__ = ["Method", "METHODS", "get_method", "method_names", "method_of_config", "method_of_run",

@@ -13,7 +13,9 @@ there is. What the three share lives here once:
   sidecar (``config_file``, and ``weights_file`` for a wrapper with parameters of its own), atomically;
   ``load_sidecar`` and ``from_pretrained`` read it back;
 * what the trainer asks of any wrapper: :meth:`count_reg_targets` (for the accumulated-batch
-  denominator), :meth:`offset_names` (per-offset logs) and the offset generator's state.
+  denominator; what it builds to count, it leaves in the batch under ``COUNTED_LAYOUT`` for the forward,
+  so a micro-batch's layout is built once), :meth:`offset_names` (per-offset logs) and the offset
+  generator's state.
 
 The auxiliary objective is called ``reg`` everywhere (the paper's L_reg); for the Multi-Token baseline
 the "registers" are its extra heads' targets, reported under the same names so the methods compare.
@@ -36,8 +38,11 @@ from ..core.masks import attention_windows
 from ..core.support import check_supported
 from ..utils.io import replace_directory
 
-__all__ = ["MuToROutput", "TrainingWrapper", "inner_model", "labels_of", "master_dtype", "objective_output",
+__all__ = ["COUNTED_LAYOUT", "MuToROutput", "TrainingWrapper", "inner_model", "labels_of", "master_dtype", "objective_output",
            "row_weights"]
+
+
+COUNTED_LAYOUT = "counted_layout"   # batch key: the layout count_reg_targets built, handed to the forward
 
 
 @dataclass
@@ -156,6 +161,15 @@ def labels_of(batch: dict) -> torch.Tensor:
     if labels is not None:
         return labels
     return ids if am is None else ids.masked_fill(am == 0, IGNORE_INDEX)
+
+
+def counted_for(counted: Any, labels: torch.Tensor) -> Any:
+    """``counted`` (what :meth:`TrainingWrapper.count_reg_targets` left under ``COUNTED_LAYOUT``: a layout, or
+    a list of them) when it was built for a batch of ``labels``' shape and device, else None (the forward then
+    builds its own: e.g. a DataParallel replica, which gets a slice of the batch and the whole batch's layout)."""
+    first = counted[0] if isinstance(counted, (list, tuple)) and counted else counted
+    ntp = getattr(first, "ntp_labels", None)
+    return counted if ntp is not None and ntp.shape == labels.shape and ntp.device == labels.device else None
 
 
 def prepare_inputs(input_ids, attention_mask, labels, position_ids, device):
@@ -354,7 +368,8 @@ class TrainingWrapper(nn.Module):
 
     # ------------------------------------------------------------ what the trainer asks
     def count_reg_targets(self, batch: dict) -> int:
-        """Auxiliary targets this wrapper will train on for ``batch`` (may fix random choices in ``batch``)."""
+        """Auxiliary targets this wrapper will train on for ``batch`` (may fix random choices in ``batch``, and may
+        leave the layout it built under ``batch[COUNTED_LAYOUT]``, which the forward then reuses)."""
         raise NotImplementedError
 
     def offset_names(self) -> list[str]:
