@@ -53,7 +53,7 @@ def _setup(recipe_name: str, overrides: list[str]):
 
     r = load_recipe(recipe_name, overrides)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))
-    tok = build_tokenizer(r)
+    tok = build_tokenizer(r.model)
     task = build_task(r, tok)
     bs = int(r.training.get("per_device_train_batch_size", 8))
     rows = [task.train_dataset[i] for i in range(bs)]
@@ -69,7 +69,7 @@ def time_case(r, task, tok, batch, method: str, precision: str, warmup: int, ste
     r = r.for_method(method)
     r.model.dtype = "bfloat16" if precision.startswith("bf16") else "float32"
     torch.manual_seed(r.seed)
-    base = apply_lora(build_base_model(r, task, tok), r.lora)
+    base = apply_lora(build_base_model(r.model, task, tok, r.seed, r.register_reach()), r.lora)
     model = get_method(method).wrap(base, r.method_config(method, task.mutor_overrides), r.loss_chunk_size).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)

@@ -97,7 +97,7 @@ def test_every_shipped_recipe_validates(path, tmp_path):
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert set(recipe.training) <= fields, sorted(set(recipe.training) - fields)
     if not (recipe.training.get("bf16") or recipe.training.get("fp16")):    # mixed precision needs a GPU to build
-        training_arguments(recipe, tmp_path)
+        training_arguments(recipe.training, recipe.seed, tmp_path)
     for m in recipe.methods:
         if m == "mutor":
             recipe.method_config("mutor")

@@ -546,5 +546,6 @@ def test_recipes_gradient_checkpointing_key_reaches_trainer_by_its_current_name(
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        args = training_arguments(load_recipe("llama-3-8b/gsm8k"), tmp_path)
+        recipe = load_recipe("llama-3-8b/gsm8k")
+        args = training_arguments(recipe.training, recipe.seed, tmp_path)
     assert args.gradient_checkpointing is True

@@ -18,14 +18,14 @@ from ..core.config import MuToRConfig
 from ..data.registry import TrainingData
 from ..utils.devices import TORCH_DTYPES
 from ..utils.errors import MutorUserError, from_pretrained, peft_quietly
-from .recipe import Recipe
+from .recipe import ModelArgs
 
 __all__ = ["build_tokenizer", "build_base_model", "apply_lora", "training_arguments",
            "count_parameters", "rotary_grid", "save_random_lora_base", "record_lora_base", "LORA_BASE_DIR"]
 
 # ------------------------------------------------------------------ building
-def build_tokenizer(recipe: Recipe):
-    m = recipe.model
+def build_tokenizer(m: ModelArgs):
+    """The recipe's tokenizer (``model.tokenizer``, else the model's own), or None for a tokenizer-less task."""
     if m.tokenizer == "none":
         return None
     name = m.tokenizer if m.tokenizer is not None else m.name_or_path
@@ -48,9 +48,10 @@ def build_tokenizer(recipe: Recipe):
     return tok
 
 
-def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torch.nn.Module:
-    """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task (seeded)."""
-    m = recipe.model
+def build_base_model(m: ModelArgs, task: TrainingData, tokenizer=None, seed: int = 0,
+                     register_reach: int = MuToRConfig.d_max) -> torch.nn.Module:
+    """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task, seeded with ``seed``,
+    with room for registers ``register_reach`` positions ahead (:meth:`Recipe.register_reach`)."""
     dtype = TORCH_DTYPES[m.dtype]
     if m.name_or_path is not None:
         from transformers import AutoModelForCausalLM
@@ -66,15 +67,12 @@ def build_base_model(recipe: Recipe, task: TrainingData, tokenizer=None) -> torc
     elif tokenizer is not None:
         vocab = len(tokenizer)
     else:
-        raise ValueError(f"task {recipe.data['task']!r} gives no vocabulary size and there is no tokenizer; "
-                         "set model.tokenizer")
-    reach = recipe.mutor                       # the same positions for every method, so the same random init
-    d_extra = max(int(reach.get("d_max", MuToRConfig.d_max)), 1) * int(reach.get("grid_width") or 1)
-    max_pos = max(2048, (task.max_length or 0) + d_extra + 8)
+        raise ValueError("the task gives no vocabulary size and there is no tokenizer; set model.tokenizer")
+    max_pos = max(2048, (task.max_length or 0) + register_reach + 8)
     kw = dict(max_position_embeddings=max_pos, pad_token_id=task.pad_token_id, bos_token_id=task.bos_token_id,
               eos_token_id=task.eos_token_id)
     kw.update(m.config_overrides)
-    torch.manual_seed(recipe.seed)
+    torch.manual_seed(seed)
     model = tiny_causal_lm(vocab, m.preset, attn_implementation=m.attn_implementation, **kw)
     return _positions(model.to(dtype), m, task)
 
@@ -112,14 +110,15 @@ def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
         raise MutorUserError(f"recipe lora: {err}") from None
 
 
-def training_arguments(recipe: Recipe, output_dir: Path):
+def training_arguments(training: dict, seed: int, output_dir: Path):
+    """``TrainingArguments`` from a recipe's ``training`` block over mutor's defaults (and its ``seed``)."""
     from transformers import TrainingArguments
 
-    defaults = dict(output_dir=str(output_dir), seed=recipe.seed, logging_steps=10, save_strategy="steps",
+    defaults = dict(output_dir=str(output_dir), seed=seed, logging_steps=10, save_strategy="steps",
                     save_steps=500, report_to=["tensorboard"], remove_unused_columns=False,
                     lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
                     dataloader_pin_memory=torch.cuda.is_available())
-    args = {**defaults, **recipe.training, "output_dir": str(output_dir)}
+    args = {**defaults, **training, "output_dir": str(output_dir)}
     if args.get("bf16") and not torch.cuda.is_available():
         args.setdefault("use_cpu", True)        # Trainer's bf16 autocast runs on a CPU only when told use_cpu
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}

@@ -37,7 +37,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from ..core.config import check_prefix_attention
+from ..core.config import MuToRConfig, check_prefix_attention
 from ..integrations.clipping import GRAD_CLIP_MODES
 from ..methods.registry import get_method, method_names
 from ..utils.errors import MutorUserError, did_you_mean
@@ -293,6 +293,13 @@ class Recipe:
         spec = get_method(method)
         options = getattr(self, spec.recipe_block) if spec.recipe_block else {}
         return spec.config(options, self.prefix_attention, **spec.config_class.task_fields(options, task_settings))
+
+    def register_reach(self) -> int:
+        """How far past the longest row a register's position id can reach: the ``mutor`` block's d_max (times an
+        image grid's width when the block sets one). The same for every method, so a random-init model gets the
+        same positions, hence the same initialisation, whichever method trains it."""
+        d_max = int(self.mutor.get("d_max", MuToRConfig.d_max))
+        return max(d_max, 1) * int(self.mutor.get("grid_width") or 1)
 
     def for_method(self, method: str) -> "Recipe":
         """This recipe for one method (or named variant: its method, with its settings merged in)."""

