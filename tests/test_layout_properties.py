@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutor import MuToRConfig
-from mutor.core.layout import build_layout, regular_layout
+from mutor.core.layout import build_layout, offset_target_layout, regular_layout
 from mutor.core.masks import allowed_dense
 
 IGN = -100
@@ -354,6 +354,21 @@ def test_regular_layout_is_the_rule_without_registers(batch, prefix, window):
         assert lay.position_ids[b].tolist() == batch.pos[b]
         assert lay.key_ok[b].tolist() == [a == 1 for a in batch.am[b]]
     check_mask(batch, MuToRConfig(prefix_attention=prefix), lay, [[] for _ in range(batch.B)], window)
+
+
+@settings(max_examples=120, deadline=None)
+@given(batch=batches(), d=st.integers(1, 5), window=st.sampled_from([None, 2]))
+def test_offset_target_layout_is_every_supervised_target_at_d(batch, d, window):
+    """``offset_target_layout`` (the Multi-Token baseline's head-d targets): the naive reference's registers for
+    the single offset d under the placement "supervised_target" (prompt positions included), causal attention,
+    and nothing drawn from the RNG."""
+    labels, am, pos = batch.tensors()
+    before = torch.random.get_rng_state()
+    lay = offset_target_layout(labels, d, am, pos)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    config = MuToRConfig(d_max=d, min_offset=d, register_placement="supervised_target")
+    regs_all = check_layout(batch, config, lay, [0] * batch.B)
+    check_mask(batch, config, lay, regs_all, window)
 
 
 @settings(max_examples=120, deadline=None)

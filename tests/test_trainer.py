@@ -158,7 +158,7 @@ def test_each_micro_batch_builds_its_layout_once(tmp_path, cfg, builds_per_micro
     import mutor.methods.mutor as mutor_module
     from mutor.methods.wrapper import COUNTED_LAYOUT
 
-    module, name = (mt_module, "head_target_layout") if isinstance(cfg, MultiTokenConfig) else (mutor_module,
+    module, name = (mt_module, "offset_target_layout") if isinstance(cfg, MultiTokenConfig) else (mutor_module,
                                                                                                  "build_layout")
     calls = []
     real_build = getattr(module, name)

@@ -125,26 +125,40 @@ def build_layout(
     position ids, labels and attention. Random draws (``generator``, else torch's global RNG), in this
     order: the offsets (when ``offset_index`` is None), then the placement (when ``num_registers`` is set)."""
     s = _RegularStream.of(labels, config.prefix_attention, attention_mask, position_ids)
+    offset_index, d = _row_offsets(config, s.ar.shape[0], s.dev, offset_index, generator)  # (B,), (B,)
+    eligible = _eligible_sources(config, s, offset_index, d)                         # (B, T)
+    src, valid = _register_slots(config.num_registers, eligible, generator)         # (B, R), (B, R)
+    return _with_registers(s, labels, d, src, valid, offset_index)
+
+
+def offset_target_layout(labels: torch.Tensor, d: int, attention_mask: Optional[torch.Tensor] = None,
+                         position_ids: Optional[torch.Tensor] = None) -> RegisterLayout:
+    """A register after every ``x_t`` whose ``x_{t+d}`` is supervised and in the same document (the placement
+    ``"supervised_target"`` at the one offset ``d``, causal, no cap): where the Multi-Token baseline's head
+    ``d`` has a target. ``reg_source`` holds the positions, ``reg_labels`` the targets. Nothing is drawn."""
+    s = _RegularStream.of(labels, "causal", attention_mask, position_ids)
+    B = s.ar.shape[0]
+    dd = torch.full((B,), d, dtype=torch.long, device=s.dev)                         # (B,)
+    src, valid = _register_slots(None, _target_in_document(s, dd), None)            # (B, R), (B, R)
+    return _with_registers(s, labels, dd, src, valid, torch.zeros(B, dtype=torch.long, device=s.dev))
+
+
+def _with_registers(s: "_RegularStream", labels: torch.Tensor, d: torch.Tensor, src: torch.Tensor,
+                    valid: torch.Tensor, offset_index: torch.Tensor) -> RegisterLayout:
+    """The layout of registers at ``src`` (B, R) (``valid`` slots; row offsets ``d``): each targets x_{t+d},
+    takes the position id of x_{t+d-1}, its source's document and its source's attention limit."""
     B, T = s.ar.shape
-    dev, ar, am, pos, doc, supervised, limit = s.dev, s.ar, s.am, s.pos, s.doc, s.supervised, s.limit
-
-    offset_index, d = _row_offsets(config, B, dev, offset_index, generator)          # (B,), (B,)
-    eligible = _eligible_sources(config, ar, am, pos, doc, supervised, offset_index, d)  # (B, T)
-    src, valid = _register_slots(config, eligible, generator)                       # (B, R), (B, R)
-
-    # ---- each register: target x_{t+d}, the position id of x_{t+d-1}, its source's document and limit
     R = src.shape[1]
     reg_tgt = (src + d[:, None]).clamp(max=T - 1)
     reg_labels = torch.where(valid, labels.gather(1, reg_tgt), IGNORE_INDEX)        # (B, R)
-    reg_pos = torch.where(valid, pos.gather(1, src) + d[:, None] - 1, 0)            # (B, R)
-    reg_doc = torch.where(valid, doc.gather(1, src), -1)
-    reg_limit = torch.where(valid, limit.gather(1, src), 0)
-
+    reg_pos = torch.where(valid, s.pos.gather(1, src) + d[:, None] - 1, 0)          # (B, R)
+    reg_doc = torch.where(valid, s.doc.gather(1, src), -1)
+    reg_limit = torch.where(valid, s.limit.gather(1, src), 0)
     return RegisterLayout(
-        position_ids=torch.cat([pos, reg_pos], 1),                                   # (B, T+R)
-        doc_ids=torch.cat([doc, reg_doc], 1),
-        limit=torch.cat([limit, reg_limit], 1),
-        key_ok=torch.cat([am, torch.zeros_like(valid)], 1),
+        position_ids=torch.cat([s.pos, reg_pos], 1),                                 # (B, T+R)
+        doc_ids=torch.cat([s.doc, reg_doc], 1),
+        limit=torch.cat([s.limit, reg_limit], 1),
+        key_ok=torch.cat([s.am, torch.zeros_like(valid)], 1),
         ntp_labels=shift_labels(labels),
         reg_source=src,
         reg_labels=reg_labels,
@@ -235,48 +249,51 @@ def _row_offsets(
     return offset_index, d_table[offset_index]                                      # (B,), (B,)
 
 
-def _eligible_sources(
-    config: MuToRConfig, ar: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, doc: torch.Tensor,
-    supervised: torch.Tensor, offset_index: torch.Tensor, d: torch.Tensor,
-) -> torch.Tensor:
-    """(B, T) bool: regular token x_t may carry a register (the eligibility rule of the module docstring)."""
-    T = ar.shape[1]
-    tgt = ar + d[:, None]                                                           # (B, T)
+def _target_in_document(s: "_RegularStream", d: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: x_{t+d} (``d`` per row) exists, is supervised and lies in x_t's document."""
+    T = s.ar.shape[1]
+    tgt = s.ar + d[:, None]                                                         # (B, T)
     tgt_c = tgt.clamp(max=T - 1)
-    eligible = (tgt < T) & supervised.gather(1, tgt_c) & (doc.gather(1, tgt_c) == doc) & am
+    return (tgt < T) & s.supervised.gather(1, tgt_c) & (s.doc.gather(1, tgt_c) == s.doc) & s.am
+
+
+def _eligible_sources(config: MuToRConfig, s: "_RegularStream", offset_index: torch.Tensor,
+                      d: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: regular token x_t may carry a register (the eligibility rule of the module docstring)."""
+    eligible = _target_in_document(s, d)
     if config.register_placement == "within_answer":                                 # paper 3.3
-        next_supervised = torch.zeros_like(supervised)
-        next_supervised[:, :-1] = supervised[:, 1:] & (doc[:, 1:] == doc[:, :-1])   # (B, T): x_{t+1} is an answer token
+        next_supervised = torch.zeros_like(s.supervised)
+        next_supervised[:, :-1] = s.supervised[:, 1:] & (s.doc[:, 1:] == s.doc[:, :-1])  # (B, T): x_{t+1} is an answer token
         eligible &= next_supervised
     if config.loss_weight == 0:
         eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing
     if config.is_2d:
-        dw = torch.tensor([c[1] for c in config.offset_choices()], device=ar.device)[offset_index]  # (B,)
-        rel = pos - config.grid_start
+        dw = torch.tensor([c[1] for c in config.offset_choices()], device=s.dev)[offset_index]  # (B,)
+        rel = s.pos - config.grid_start
         eligible &= (rel >= 0) & ((rel % config.grid_width) + dw[:, None] - 1 < config.grid_width)
     return eligible
 
 
 def _register_slots(
-    config: MuToRConfig, eligible: torch.Tensor, generator: Optional[torch.Generator],
+    num_registers: Optional[int], eligible: torch.Tensor, generator: Optional[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(src, valid)``, both (B, R): the source index of each register slot, sorted, valid ones
     first (0 on empty slots), and whether the slot holds a register. R is the largest count in the batch.
-    All eligible tokens, or ``config.num_registers`` of them drawn at random (one (B, T) CPU draw)."""
+    All eligible tokens, or ``num_registers`` of them drawn at random (one (B, T) CPU draw)."""
     B, T = eligible.shape
     dev = eligible.device
     ar = torch.arange(T, device=dev).expand(B, T)                                   # (B, T)
-    if config.num_registers is None:
+    if num_registers is None:
         key = torch.where(eligible, ar, ar + T)
         src = key.sort(dim=1).values                                                # (B, T)
     else:
         score = torch.rand((B, T), generator=generator).to(dev)
         score = torch.where(eligible, score, 2.0)
-        k = min(config.num_registers, T)
+        k = min(num_registers, T)
         picked = score.topk(k, dim=1, largest=False).indices                         # (B, k)
         ok = eligible.gather(1, picked)
         src = torch.where(ok, picked, picked + T).sort(dim=1).values
-    counts = eligible.sum(1) if config.num_registers is None else eligible.sum(1).clamp(max=config.num_registers)
+    counts = eligible.sum(1) if num_registers is None else eligible.sum(1).clamp(max=num_registers)
     R = int(counts.max()) if B > 0 else 0
     src = src[:, :R]
     valid = torch.arange(R, device=dev)[None, :] < counts[:, None]                  # (B, R)

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.config import JsonConfig, MuToRConfig, check_prefix_attention
-from ..core.layout import IGNORE_INDEX, build_layout, shift_labels
+from ..core.config import JsonConfig, check_prefix_attention
+from ..core.layout import IGNORE_INDEX, offset_target_layout, shift_labels
 from ..core.loss import top1_hits
 from .wrapper import (COUNTED_LAYOUT, MuToROutput, TrainingWrapper, counted_for, inner_model, labels_of, master_dtype,
                       objective_output, prepare_inputs, row_weights)
@@ -72,14 +72,6 @@ def _parts(inner: nn.Module):
     return layers, norm, head
 
 
-def head_target_layout(labels: torch.Tensor, k: int, attention_mask=None, position_ids=None):
-    """Where head ``k`` has a target: every ``x_t`` whose ``x_{t+k}`` is supervised and in the same document
-    (Gloeckle et al.'s objective, prompt positions included: not MuToR's within-answer register rule),
-    as a register layout with offset ``k`` (``reg_source``: the positions, ``reg_labels``: the targets)."""
-    head_k = MuToRConfig(d_max=k, min_offset=k, register_placement="supervised_target")
-    return build_layout(labels, head_k, attention_mask, position_ids)
-
-
 class MultiTokenModel(TrainingWrapper):
     """Wrap ``base`` (a transformers causal LM, or a peft model around one) with ``d_max - 1`` extra heads."""
 
@@ -110,8 +102,10 @@ class MultiTokenModel(TrainingWrapper):
         return sum(lay.num_registers for lay in batch[COUNTED_LAYOUT])
 
     def _head_layouts(self, labels, attention_mask, position_ids) -> list:
-        """Head ``k``'s target layout for ``k`` = 2 .. d_max (:func:`head_target_layout`)."""
-        return [head_target_layout(labels, k, attention_mask, position_ids)
+        """Head ``k``'s targets for ``k`` = 2 .. d_max: every ``x_t`` whose ``x_{t+k}`` is supervised and in the same
+        document (Gloeckle et al.'s objective, prompt positions included: not MuToR's within-answer register rule),
+        as a layout with registers at offset ``k`` (:func:`mutor.core.layout.offset_target_layout`)."""
+        return [offset_target_layout(labels, k, attention_mask, position_ids)
                 for k in range(2, self.multi_token_config.d_max + 1)]
 
     def offset_names(self) -> list[str]:
