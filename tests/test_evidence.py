@@ -82,7 +82,7 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     rows = report.load(tmp_path / "results.jsonl")
     assert [r["run"] for r in rows] == ["mutor_s0"]
     drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
-    assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=2", "K=3", "K=4", "K=auto"])]
+    assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=1", "K=2", "K=3", "K=4", "K=auto"])]
     assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
     assert "| tiny | mutor_s0 | 2 |" in report.drafting_table(drafts)
     (tmp_path / "drafting.jsonl").unlink()                 # a finished run owing only its drafting row gets it
@@ -150,8 +150,9 @@ def test_an_evaluation_counts_as_done_only_with_every_test_split(tmp_path):
 
 
 def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_checkpoint(tmp_path):
-    """experiments/evidence/drafting.py: greedy and register drafting (K = 2..d_max) on the same prompts,
-    at batch size 1; drafting is lossless, so every K gives greedy's tokens."""
+    """experiments/evidence/drafting.py: greedy, the drafting path's plain decoding (K = 1) and register drafting
+    (K = 2..d_max, auto) on the same prompts, interleaved, at batch size 1; drafting is lossless, so in float32
+    every K gives greedy's tokens."""
     import drafting
 
     from mutor.run.train import run_recipe
@@ -161,10 +162,11 @@ def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_
                               "training.save_steps=2", f"training.output_dir={out}"])
     data = str(ROOT / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl")
     res = drafting.measure(out / "checkpoint-2", "gsm8k", limit=3, max_new_tokens=6, data=data)
-    assert res["prompts"] == 3 and res["d_max"] == 3 and set(res["drafting"]) == {"K=2", "K=3", "K=auto"}
+    assert res["prompts"] == 3 and res["d_max"] == 3 and set(res["drafting"]) == {"K=1", "K=2", "K=3", "K=auto"}
     assert res["greedy"]["new_tokens"] > 0
     for k, r in res["drafting"].items():
         assert r["identical_to_greedy"] and r["new_tokens"] == res["greedy"]["new_tokens"], k
+        assert r["prompts_differing_from_greedy"] == 0, k
         assert r["forwards"] <= r["new_tokens"] and r["tokens_per_s"] > 0
 
 

@@ -1,11 +1,15 @@
 """Registers as drafters on a trained MuToR checkpoint (issue 25 item 4): acceptance and wall-clock tokens/s.
 
 One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
-plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), then register
-drafting with K = 2 .. d_max and with the draft length chosen per step (``"auto"``), all through
-``mutor.integrations.speculative.generate``. A LoRA checkpoint is merged into its base
-once, for all of them. Every decoder's tokens are compared with greedy's (drafting is lossless, so they
-must be equal). One JSON object is printed (and written to ``--output``)::
+plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), and through
+``mutor.integrations.speculative.generate`` K = 1 (plain decoding on the drafting code path: its own
+overhead), register drafting with K = 2 .. d_max, and the draft length chosen per step (``"auto"``). The
+decoders take turns on each prompt, in an order that rotates from prompt to prompt, so that a change in
+the machine's load (other runs beside this one) slows them alike. A LoRA checkpoint is merged into its
+base once, for all of them. Every decoder's tokens are compared with greedy's: drafting is lossless, so in
+float32 they must be equal; in bfloat16 a forward of several rows may round differently from one of a single
+row, and a near-tie may then go the other way (``prompts_differing_from_greedy`` counts them, K = 1
+included). One JSON object is printed (and written to ``--output``)::
 
     python experiments/evidence/drafting.py runs/evidence/rg-maze/mutor_s0/checkpoint-125 \
         --task reasoning_gym --limit 20 --dtype float32
@@ -39,46 +43,57 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     n_new = int(max_new_tokens or bench.template.max_new_tokens)
     eos = tok.eos_token_id
     d_max = model.mutor_config.d_max
-    ks = ks or [*range(2, d_max + 1), "auto"]
-
-    def timed(fn):
-        fn(prompts[0])                                                          # warm-up, not counted
-        outs, t0 = [], time.perf_counter()
-        for p in prompts:
-            outs.append(fn(p))
-        return outs, time.perf_counter() - t0
+    ks = ks or [*range(1, d_max + 1), "auto"]
 
     def cut(row):
         return row[:row.index(eos)] if eos in row else row
 
+    def greedy(p):
+        return greedy_generate(model.base_model, [p], n_new, pad_id=tok.pad_token_id, eos_id=eos,
+                               prefix_attention=mode)[0]
+
+    stats = {k: [] for k in ks}
+
+    def drafter(k):
+        drafts = DraftLength(d_max) if k == "auto" else k           # one chooser for all prompts, as in mutor eval
+
+        def draft(p):
+            out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=eos, prefix_attention=mode)
+            stats[k].append(st)
+            return cut(out[0, len(p):].tolist())
+        return draft
+
+    decoders = {"greedy": greedy, **{f"K={k}": drafter(k) for k in ks}}
+    outs = {name: [] for name in decoders}
+    secs = dict.fromkeys(decoders, 0.0)
     with torch.no_grad():
-        greedy, g_sec = timed(lambda p: greedy_generate(model.base_model, [p], n_new, pad_id=tok.pad_token_id,
-                                                        eos_id=eos, prefix_attention=mode)[0])
-        n_tok = sum(len(g) for g in greedy)
-        result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "prompts": len(prompts),
-                  "max_new_tokens": n_new,
-                  "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode, "d_max": d_max,
-                  "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
-                  "drafting": {}}
+        for fn in decoders.values():
+            fn(prompts[0])                                                  # warm-up, not counted
         for k in ks:
-            stats_all = []
-
-            drafts = DraftLength(d_max) if k == "auto" else k       # one chooser for all prompts, as in mutor eval
-
-            def draft(p, drafts=drafts):
-                out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=eos, prefix_attention=mode)
-                stats_all.append(st)
-                return cut(out[0, len(p):].tolist())
-
-            outs, sec = timed(draft)
-            total = DraftStats()
-            for st in stats_all[1:]:                                           # the warm-up's stats dropped
-                total.add(st)
-            n_out = sum(len(o) for o in outs)                   # emitted tokens without eos, as greedy's count
-            result["drafting"][f"K={k}"] = {**total.to_dict(), "seconds": round(sec, 2),
-                                            "tokens_per_s": round(n_out / sec, 2),
-                                            "speedup_vs_greedy": round(g_sec / sec, 3),
-                                            "identical_to_greedy": outs == greedy}
+            stats[k].clear()                                                # the warm-up's stats dropped
+        names = list(decoders)
+        for i, p in enumerate(prompts):                # decoders interleaved per prompt, in a rotating order, so
+            for name in names[i % len(names):] + names[:i % len(names)]:   # a change of machine load hits all alike
+                t0 = time.perf_counter()
+                outs[name].append(decoders[name](p))
+                secs[name] += time.perf_counter() - t0
+    n_tok = sum(len(g) for g in outs["greedy"])
+    g_sec = secs["greedy"]
+    result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "prompts": len(prompts),
+              "max_new_tokens": n_new, "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode,
+              "d_max": d_max, "timing": "interleaved per prompt",
+              "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
+              "drafting": {}}
+    for k in ks:
+        total = DraftStats()
+        for st in stats[k]:
+            total.add(st)
+        name, sec = f"K={k}", secs[f"K={k}"]
+        n_out = sum(len(o) for o in outs[name])                             # emitted tokens without eos, as greedy's
+        differ = sum(o != g for o, g in zip(outs[name], outs["greedy"]))
+        result["drafting"][name] = {**total.to_dict(), "seconds": round(sec, 2), "tokens_per_s": round(n_out / sec, 2),
+                                    "speedup_vs_greedy": round(g_sec / sec, 3), "identical_to_greedy": differ == 0,
+                                    "prompts_differing_from_greedy": differ}
     return result
 
 
@@ -101,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", action="append", default=None, help="draft lengths: integers or 'auto' "
-                                                               "(default: 2..d_max and auto)")
+                                                               "(default: 1..d_max and auto)")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--data", default=None, help="the task's test data file, where the task reads one")
     ap.add_argument("--output", type=Path, default=None)
