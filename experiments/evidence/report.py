@@ -143,7 +143,7 @@ def plot(comps: list[dict], path: str) -> None:
         ax.axvline(0, color="k", lw=0.6)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(labels, fontsize=7)
-        ax.set_xlabel(f"difference in {measure} (o: mean ± 2 s.e., x: seeds)")
+        ax.set_xlabel(f"difference in {measure}\n(o: mean ± 2 s.e., x: seeds)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
