@@ -81,6 +81,7 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert sorted(p.name for p in mutor_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # epoch ends
     rows = report.load(tmp_path / "results.jsonl")
     assert [r["run"] for r in rows] == ["mutor_s0"]
+    assert rows[0]["train_cost_complete"] is True          # trained from step 0 under this driver
     drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
     assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=1", "K=2", "K=3", "K=4", "K=auto"])]
     assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
@@ -133,6 +134,13 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
     assert "better than next-token" in report.verdict([loss])
     two = report.comparisons([r for r in rows if r["seed"] < 2])
     assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
+
+
+def test_runs_table_marks_a_training_cost_with_unrecorded_segments():
+    row = {**_row("mutor", 0, [1.0, 0.0], [0.5, 0.6]), "selected_checkpoint": "checkpoint-4",
+           "train_ntp_loss_last": 0.1, "train_cpu_seconds": 1800, "peak_rss_gb": 1.0}
+    assert "| 0.50 |" in report.runs_table([{**row, "train_cost_complete": True}])
+    assert "| >= 0.50 |" in report.runs_table([{**row, "train_cost_complete": False}])
 
 
 def test_report_replaces_only_the_marked_block():

@@ -257,6 +257,8 @@ class Driver:
                 "train_cpu_seconds": round(sum(p["cpu_seconds"] for p in procs), 1),
                 "train_wall_seconds": round(sum(p["wall_seconds"] for p in procs), 1),
                 "train_processes": len(procs), "peak_rss_gb": max(p["peak_rss_gb"] for p in procs),
+                # False when the first recorded process was itself a resume: earlier segments went unrecorded
+                "train_cost_complete": not procs[0]["resumed"],
                 "threads": self.args.threads, "parameters": s.get("parameters"), "precision": s.get("precision"),
                 "clipping": s.get("clipping"), "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 

@@ -52,7 +52,9 @@ def runs_table(rows: list[dict]) -> str:
         for s in splits:
             sp = r["splits"].get(s, {})
             cells.append(f"{sp['answer_loss']:.4f} ± {sp['answer_loss_se']:.4f}" if sp.get("answer_loss") else "-")
-        cells += [str(r.get("train_ntp_loss_last") or "-"), f"{r['train_cpu_seconds'] / 3600:.2f}", str(r["peak_rss_gb"])]
+        partial = r.get("train_cost_complete") is False          # segments before the first recorded one are missing
+        cells += [str(r.get("train_ntp_loss_last") or "-"),
+                  (">= " if partial else "") + f"{r['train_cpu_seconds'] / 3600:.2f}", str(r["peak_rss_gb"])]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
