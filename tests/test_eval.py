@@ -225,6 +225,11 @@ def test_eval_run_task_for_a_synthetic_run(tmp_path):
     assert summ["task"] == "star_graph" and summ["primary"] == "solve_rate" and summ["n"] == 8
     assert summ["metrics"]["solve_rate"] == final["eval_solve_rate"]          # same graphs, same model
     assert summ["metrics"]["ntp_loss"] == pytest.approx(final["eval_ntp_loss"], rel=1e-5)
+    rows = [json.loads(x) for x in (out / "eval" / "run-task" / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 8                                 # one record per graph, scored as the summary is
+    for metric in ("solve_rate", "first_hop", "valid_path"):
+        assert sum(r[metric] for r in rows) / 8 == summ["metrics"][metric], metric
+    assert all(len(r["reference"]) == 4 and r["solve_rate"] == int(r["prediction"] == r["reference"]) for r in rows)
 
 
 def test_eval_with_draft_registers_gives_the_same_generations(tmp_path):

@@ -74,8 +74,11 @@ def test_evaluator_scores_an_oracle_one_and_a_wrong_first_hop_zero():
 
     right = evaluate(Oracle(False), tok, test, batch_size=4)
     assert right["solve_rate"] == right["first_hop"] == right["valid_path"] == 1.0 and right["num_eval"] == 6
-    wrong = evaluate(Oracle(True), tok, test, batch_size=4)
+    records = []
+    wrong = evaluate(Oracle(True), tok, test, batch_size=4, records=records)
     assert wrong["solve_rate"] == wrong["first_hop"] == 0.0
+    assert [r["reference"] for r in records] == [list(ex.path) for ex in test]     # one record per graph, in order
+    assert all(r["solve_rate"] == r["first_hop"] == 0 and r["prediction"][0] == r["reference"][0] for r in records)
 
 
 def test_text_run_trains_and_evaluates_end_to_end(tmp_path):

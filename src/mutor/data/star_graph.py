@@ -176,12 +176,18 @@ class StarGraphDataset(torch.utils.data.Dataset):
         return {"input_ids": prompt + answer, "labels": [IGNORE_INDEX] * len(prompt) + answer}
 
     def evaluator_for(self, examples: Sequence[Example], batch_size: int = 256):
-        """An evaluator ``(model, step) -> metrics`` on ``examples`` (what ``--source`` swaps in)."""
-        return lambda model, step: evaluate(model, examples, batch_size=batch_size)
+        """An evaluator ``(model, step, records=None) -> metrics`` on ``examples`` (what ``--source`` swaps in)."""
+        return lambda model, step, records=None: evaluate(model, examples, batch_size=batch_size, records=records)
 
 
 @torch.no_grad()
-def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
+def path_scores(ex: "Example", path: tuple) -> dict:
+    """0/1 per example: the exact path, the first hop, a valid path (the metrics of :func:`evaluate`)."""
+    return {"solve_rate": int(path == ex.path), "first_hop": int(len(path) > 1 and path[1] == ex.path[1]),
+            "valid_path": int(is_valid_path(ex, path))}
+
+
+def evaluate(base, examples: Sequence[Example], batch_size: int = 256, records: Optional[list] = None) -> dict:
     """Greedy decoding of the answer (batched, left-padded prompts) and held-out NTP loss.
 
     ``solve_rate``: the whole decoded path equals the answer (exact match). ``first_hop``: the decoded
@@ -191,6 +197,7 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
     ``ntp_loss``: mean teacher-forced cross-entropy on answer tokens; ``a1_loss``: the same at
     ``a1`` only (ln(degree) for a model that knows the source's neighbours but not the way).
     Batches are built on the CPU and sent to the model's device; the loss is taken in float32.
+    ``records``: a list that gets one dict per example (the path decoded, the answer, and 0/1 per metric).
     """
     from ..utils.devices import model_device
 
@@ -210,9 +217,11 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256) -> dict:
                                 do_sample=False, pad_token_id=PAD, eos_token_id=None)    # (B, P+L)
             gen = (out[:, ids.shape[1]:] - NUM_SPECIAL).cpu().tolist()
             for ex, g in zip(chunk, gen):
-                exact += int(tuple(g) == ex.path)
-                hop += int(len(g) > 1 and g[1] == ex.path[1])
-                valid += int(is_valid_path(ex, g))
+                scores = path_scores(ex, tuple(g))
+                exact, hop, valid = exact + scores["solve_rate"], hop + scores["first_hop"], valid + scores["valid_path"]
+                if records is not None:
+                    records.append({"source": ex.source, "goal": ex.goal, "reference": list(ex.path),
+                                    "prediction": list(g), **scores})
 
             ds = StarGraphDataset(chunk)
             batch = PaddingCollator(pad_token_id=PAD)([ds[j] for j in range(len(ds))])
@@ -258,8 +267,8 @@ def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
         return _text_task(shape, train, test, tokenizer, int(options.get("eval_batch_size", 64)))
     batch_size = int(options.get("eval_batch_size", 256))
 
-    def evaluator(model, step: int) -> dict:
-        return evaluate(model, test, batch_size=batch_size)
+    def evaluator(model, step: int, records: Optional[list] = None) -> dict:
+        return evaluate(model, test, batch_size=batch_size, records=records)
 
     return TrainingData(train_dataset=StarGraphDataset(train), vocab_size=shape.vocab_size, pad_token_id=PAD,
                         eos_token_id=None, bos_token_id=None, max_length=shape.seq_len, evaluator=evaluator,

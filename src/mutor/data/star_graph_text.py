@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..core.layout import IGNORE_INDEX
-from .star_graph import Example, is_valid_path
+from .star_graph import Example, path_scores
 
 
 def render(ex: Example) -> tuple[str, str]:
@@ -53,14 +53,16 @@ class TextStarGraphDataset(torch.utils.data.Dataset):
         return self.features[i]
 
     def evaluator_for(self, examples: Sequence[Example], batch_size: int = 64):
-        """An evaluator ``(model, step) -> metrics`` on ``examples`` (same rendering and tokenizer)."""
-        return lambda model, step: evaluate(model, self.tokenizer, examples, batch_size=batch_size)
+        """An evaluator ``(model, step, records=None) -> metrics`` on ``examples`` (same rendering and tokenizer)."""
+        return lambda model, step, records=None: evaluate(model, self.tokenizer, examples, batch_size=batch_size,
+                                                          records=records)
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, examples: Sequence[Example], batch_size: int = 64,
-             max_new_tokens: Optional[int] = None) -> dict:
-    """Greedy decoding and the teacher-forced answer loss on ``examples`` (see the module docstring)."""
+             max_new_tokens: Optional[int] = None, records: Optional[list] = None) -> dict:
+    """Greedy decoding and the teacher-forced answer loss on ``examples`` (see the module docstring);
+    ``records`` gets one dict per example (prompt, generation, the path parsed from it, 0/1 per metric)."""
     from ..utils.devices import model_device
     from .collator import PaddingCollator, left_pad
 
@@ -85,9 +87,11 @@ def evaluate(model, tokenizer, examples: Sequence[Example], batch_size: int = 64
             texts = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
             for ex, text in zip(chunk, texts):
                 path = parse_path(text)
-                exact += int(path == ex.path)
-                hop += int(len(path) > 1 and path[1] == ex.path[1])
-                valid += int(is_valid_path(ex, path))
+                scores = path_scores(ex, path)
+                exact, hop, valid = exact + scores["solve_rate"], hop + scores["first_hop"], valid + scores["valid_path"]
+                if records is not None:
+                    records.append({"prompt": render(ex)[0], "generation": text, "reference": list(ex.path),
+                                    "prediction": list(path), **scores})
             batch = PaddingCollator(pad_token_id=pad)([data[j] for j in range(i, i + len(chunk))])
             batch = {k: v.to(dev) for k, v in batch.items()}                             # each (B, T)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)

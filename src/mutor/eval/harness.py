@@ -383,13 +383,19 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     apply_saved_rotary_2d(model, p)
     import torch
 
+    import inspect
+
+    # an evaluator that can (star graphs) also gives one record per example: generations.jsonl, as for text tasks
+    records = [] if "records" in inspect.signature(training_data.evaluator).parameters else None
     with torch.no_grad():
-        metrics = training_data.evaluator(model, 0)
+        metrics = training_data.evaluator(model, 0, **({} if records is None else {"records": records}))
     summary = {"task": name if source is None else f"{name}:{source}", "split": "test", "model": str(model_path),
                "n": metrics.get("num_eval"), **({"source": source} if source else {}),
                "metrics": metrics, "primary": training_data.primary_metric or next(iter(metrics)),
                **{k: r[k] for k in ("method", "seed") if k in r}}
     if output_dir is not None:
+        if records is not None:
+            write_jsonl_atomic(Path(output_dir) / "generations.jsonl", records)
         write_json_atomic(Path(output_dir) / "summary.json", summary)
         write_text_atomic(Path(output_dir) / "summary.md", summary_markdown([summary]))
     return summary
