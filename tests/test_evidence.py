@@ -116,6 +116,40 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert report.load(tmp_path / "results.jsonl")[-1]["train_processes"] == 2
 
 
+def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
+    """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
+    example by example), the training's evaluations as the curve, and no drafting row."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""runs_dir: {tmp_path}/runs
+results: {tmp_path}/results.jsonl
+drafting: {{limit: 2}}
+groups:
+  - name: sg
+    recipe: star-graph
+    epochs: 1
+    steps_per_epoch: 2
+    overrides: ["training.report_to=[]", training.eval_steps=1, training.logging_steps=1, data.num_train=32,
+                data.num_test=8, data.path_len=4, data.num_nodes=20, model.preset=tiny-llama]
+    runs:
+      - {{method: next_token, seed: 0}}
+      - {{method: mutor, seed: 0}}
+    eval: {{task: run}}
+""")
+    res = _driver(plan)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = report.load(tmp_path / "results.jsonl")
+    assert sorted(r["run"] for r in rows) == ["mutor_s0", "next_token_s0"]
+    for r in rows:
+        test = r["splits"]["test"]
+        assert r["primary"] == "solve_rate" and r["selected_checkpoint"] == "final" and test["n"] == 8
+        assert len(test["per_example"]) == 8 and set(test["per_example"]) <= {0, 1}
+        assert sum(test["per_example"]) / 8 == test["metrics"]["solve_rate"]
+        assert [h["eval_step"] for h in r["per_checkpoint"]][-2:] == [1, 2]       # the curve
+    assert [c["comparison"] for c in report.comparisons(rows)] == ["mutor - next_token"]
+    assert "test solve_rate %" in report.runs_table(rows)
+    assert not (tmp_path / "drafting.jsonl").exists()
+
+
 def _row(method: str, seed: int, scores: list[float], losses: list[float]) -> dict:
     return {"group": "g", "run": f"{method}_s{seed}", "method": method, "seed": seed, "tag": "", "epochs": 1,
             "splits": {"test": {"per_example": scores, "answer_loss_per_example": losses}}}

@@ -9,7 +9,9 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    beside the directory (a resumed run has several).
 2. Checkpoints that are not at an epoch's end are deleted (they only served resuming).
 3. ``mutor eval --checkpoints``: the task's protocol picks the checkpoint (gsm_symbolic: validation exact
-   match), then scores it on every test split.
+   match), then scores it on every test split. A synthetic task (``eval: {task: run}``: star graphs) scores
+   the final model on its run's own held-out data instead, one record per example, and keeps the
+   evaluations logged during training as the run's curve.
 4. Held-out answer loss of the final model (``experiments/real/heldout_loss.py``), when the group asks.
 5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results`` (and
    committed with ``--commit``, only that file).
@@ -186,7 +188,10 @@ class Driver:
         g, t = run.group, self.args.threads
         cmd = [*MUTOR, "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
                *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",
-               f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}", "training.save_total_limit=null",
+               f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}",
+               # every epoch's end is a candidate for selection; a synthetic task scores the final model only, so
+               # only the newest checkpoint (for resuming) is kept: a full fine-tune's is 1.6 GB
+               f"training.save_total_limit={1 if g['eval']['task'] == 'run' else 'null'}",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
         self.log(run, ("resuming" if has_ck else "training") + f" for {run.steps} steps")
         res = self.sh(cmd, d.parent / f"{run.name}.log", t)
@@ -203,6 +208,8 @@ class Driver:
 
     def evaluate(self, run: Run, d: Path) -> dict:
         e = run.group["eval"]
+        if e["task"] == "run":
+            return self.evaluate_final(run, d)
         out = d / "eval" / e["task"]
         if not _evaluated(out, e["task"]):
             cmd = [*MUTOR, "eval", "--task", e["task"], "--checkpoints", str(d), "--output-dir", str(out),
@@ -216,7 +223,26 @@ class Driver:
             if res["rc"] != 0:
                 raise RuntimeError(f"mutor eval exited {res['rc']}")
             (d / "eval_seconds.json").write_text(json.dumps(res))
-        return json.loads((out / "summary.json").read_text())
+        return {**json.loads((out / "summary.json").read_text()), "eval_dir": str(out)}
+
+    def evaluate_final(self, run: Run, d: Path) -> dict:
+        """A synthetic task (``eval: {task: run}``, star graphs): the final model on its run's own held-out data
+        (``mutor eval --task run``, one record per example for pairing), and the evaluations logged during
+        training as the run's curve (``per_checkpoint``)."""
+        e, out = run.group["eval"], d / "eval" / "run"
+        test = out / "final" / "test"
+        if not (test / "summary.json").is_file():
+            cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--output-dir", str(test), "--quiet"]
+            cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
+            self.log(run, "evaluating the final model")
+            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
+            if res["rc"] != 0:
+                raise RuntimeError(f"mutor eval exited {res['rc']}")
+            (d / "eval_seconds.json").write_text(json.dumps(res))
+        curve = json.loads((d / "summary.json").read_text()).get("eval_history", [])
+        return {**json.loads((test / "summary.json").read_text()), "split": "test", "selected_checkpoint": "final",
+                "selection": "the final model (curve: the evaluations during training)", "per_checkpoint": curve,
+                "eval_dir": str(out)}
 
     def answer_loss(self, run: Run, d: Path) -> dict:
         n = run.group["eval"].get("answer_loss")
@@ -235,7 +261,7 @@ class Driver:
     def row(self, run: Run, d: Path, ev: dict, losses: dict) -> dict:
         s = json.loads((d / "summary.json").read_text())
         procs = [json.loads(x) for x in (d.parent / f"{run.name}.train.jsonl").read_text().splitlines()]
-        out = d / "eval" / ev["task"]
+        out = Path(ev["eval_dir"])
         splits = {}
         for split, summ in [(ev["split"], ev)] + [(k, json.loads(Path(v["summary"]).read_text()))
                                                   for k, v in ev.get("other_splits", {}).items()]:
@@ -264,7 +290,9 @@ class Driver:
 
     def needs_drafting(self, run: Run) -> bool:
         """A MuToR run whose drafting row is missing (the plan's ``drafting`` block; issue 25 item 4)."""
-        return bool(self.plan.get("drafting")) and run.method == "mutor" and run.key not in done_keys(self.drafting_results)
+        # not for synthetic tasks yet (eval task "run", star graphs): drafting.py decodes a benchmark's prompts
+        return (bool(self.plan.get("drafting")) and run.method == "mutor" and run.group["eval"]["task"] != "run"
+                and run.key not in done_keys(self.drafting_results))
 
     def drafting(self, run: Run, d: Path, ev: dict) -> Optional[dict]:
         """Registers as drafters on the selected checkpoint: ``drafting.py`` (acceptance per offset, tokens/s

@@ -39,7 +39,8 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
 
 def runs_table(rows: list[dict]) -> str:
     splits = sorted({s for r in rows for s in r["splits"]}, key=lambda s: (s != "test", s))
-    head = ["method", "seed", "epochs", "checkpoint"] + [f"{s} EM %" for s in splits] + \
+    score = {"accuracy": "EM"}.get(rows[0].get("primary", "accuracy"), rows[0].get("primary"))  # solve_rate ...
+    head = ["method", "seed", "epochs", "checkpoint"] + [f"{s} {score} %" for s in splits] + \
            [f"{s} answer loss" for s in splits] + ["train ntp loss (end)", "train CPU h", "peak GB"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {"next_token": 0, "multi_token": 1, "mutor": 2}
