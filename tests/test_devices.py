@@ -232,3 +232,22 @@ def test_mutor_sample_loads_on_the_given_device_and_dtype(tmp_path):
     assert record.dtypes == {torch.bfloat16}
     codes = np.load(tmp_path / "dev" / "codes.npy")
     assert codes.shape == (4, LAYOUT.num_tokens) and np.array_equal(codes, np.load(tmp_path / "cpu" / "codes.npy"))
+
+
+def test_decoding_passes_the_kv_cache_by_the_installed_transformers_name():
+    """``cache`` where transformers has it (``past_key_values`` is deprecated from 5.24, gone in 5.40), the old
+    name before: greedy decoding and drafting raise no deprecation warning."""
+    import inspect
+    import warnings
+
+    from mutor import MuToRConfig, MuToRModel
+    from mutor.integrations.speculative import generate
+    from mutor.utils.devices import cache_argument
+
+    model = _graph_model()
+    expected = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    assert cache_argument(model) == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        greedy_generate(model, PROMPTS, 3, pad_id=0, eos_id=None, prefix_attention="bidirectional")
+        generate(MuToRModel(model, MuToRConfig(d_max=3)), torch.tensor([PROMPTS[0]]), 3, 3, eos_token_id=[])

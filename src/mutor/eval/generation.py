@@ -17,6 +17,7 @@ import torch
 
 from ..core.config import check_prefix_attention
 from ..data.collator import left_pad
+from ..utils.devices import cache_argument
 
 __all__ = ["greedy_generate", "prefix_mask"]
 
@@ -72,7 +73,8 @@ def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[
     pos = (am.cumsum(1) - 1).clamp(min=0)                                          # (B, P)
     cache = DynamicCache(config=cfg)
     mask = prefix_mask(am, attn, dtype, attention_windows(cfg.get_text_config(decoder=True)), pos)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **keep)
+    kv = cache_argument(model)                                                     # cache / past_key_values
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{kv: cache}, **keep)
     nxt = out.logits[:, -1].argmax(-1)                                             # (b,) rows still decoding
     gen = torch.full((ids.shape[0], max_new_tokens), pad_id, dtype=torch.long, device=dev)   # (B, n)
     rows = torch.arange(ids.shape[0], device=dev)                                  # (b,) their batch indices
@@ -93,8 +95,8 @@ def _decode_bidirectional(model, ids, am, max_new_tokens: int, eos_id: Optional[
                 rows, nxt, mask2d, last = rows[sel], nxt[sel], mask2d[sel], last[sel]
         mask2d = torch.cat([mask2d, torch.ones_like(mask2d[:, :1])], 1)              # (b, P+step+1)
         last = last + 1
-        out = model(input_ids=nxt[:, None], attention_mask=mask2d, position_ids=last[:, None],
-                    past_key_values=cache, use_cache=True)
+        out = model(input_ids=nxt[:, None], attention_mask=mask2d, position_ids=last[:, None], use_cache=True,
+                    **{kv: cache})
         nxt = out.logits[:, -1].argmax(-1)
     return gen[:, :n]                                                              # (B, n)
 

@@ -34,7 +34,7 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
         raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
     from transformers import DynamicCache
 
-    from ..utils.devices import model_device
+    from ..utils.devices import cache_argument, model_device
 
     dev = model_device(model)
     K = layout.codebook_size
@@ -45,7 +45,8 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
         guided = cfg_scale != 1.0 or always_guide
         first = torch.cat([cls, torch.full_like(cls, layout.null_class)]) if guided else cls   # (2B,) or (B,)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=first[:, None], past_key_values=cache, use_cache=True)
+        kv = cache_argument(model)                                                     # cache / past_key_values
+        logits = model(input_ids=first[:, None], use_cache=True, **{kv: cache})
         codes = []
         for step in range(layout.num_tokens):
             lg = logits.logits[:, -1, :K].float()                                          # (2B, K): codes only
@@ -62,7 +63,7 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
             if step == layout.num_tokens - 1:
                 break
             feed = torch.cat([nxt, nxt]) if guided else nxt
-            logits = model(input_ids=feed[:, None], past_key_values=logits.past_key_values, use_cache=True)
+            logits = model(input_ids=feed[:, None], use_cache=True, **{kv: cache})       # the cache grows in place
         out.append(torch.stack(codes, 1).cpu())
     return torch.cat(out).numpy().astype(np.int64)
 

@@ -42,6 +42,7 @@ from ..core.config import check_prefix_attention
 from ..core.layout import RegisterLayout
 from ..core.masks import build_attention_mask
 from ..methods.mutor import MuToRModel
+from ..utils.devices import cache_argument
 
 
 @dataclass
@@ -343,7 +344,7 @@ def _draft_forward(
     keep = torch.zeros(1, x.shape[1], dtype=torch.bool, device=dev)
     keep[0, a:] = True                                     # rows before a (the prompt's) need no logits
     logits = model.logits_at({"inputs_embeds": x, "attention_mask": mask, "position_ids": pos,
-                              "past_key_values": cache, "use_cache": True}, keep)        # (m-a+R, V)
+                              cache_argument(model.base_model): cache, "use_cache": True}, keep)  # (m-a+R, V)
     return logits, m, a
 
 

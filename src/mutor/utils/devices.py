@@ -13,10 +13,24 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["DTYPES", "TORCH_DTYPES", "load_causal_lm", "model_device", "resolve_device", "resolve_dtype"]
+__all__ = ["DTYPES", "TORCH_DTYPES", "cache_argument", "load_causal_lm", "model_device", "resolve_device",
+           "resolve_dtype"]
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPES = ("auto", *TORCH_DTYPES)           # "auto": the checkpoint's own
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name the installed transformers gives a causal LM forward's KV cache: ``cache`` from 5.24 on (where
+    ``past_key_values`` is deprecated, to go in 5.40), ``past_key_values`` before. A peft model is asked about
+    the model it wraps."""
+    import inspect
+
+    while True:
+        params = inspect.signature(type(model).forward).parameters
+        if "cache" in params or "past_key_values" in params or not hasattr(model, "get_base_model"):
+            return "cache" if "cache" in params else "past_key_values"
+        model = model.get_base_model()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
