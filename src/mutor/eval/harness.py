@@ -16,6 +16,7 @@ answer, verdict or ROUGE per example), ``summary.json`` and ``summary.md``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import statistics
@@ -382,8 +383,6 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
     apply_saved_rotary_2d(model, p)
     import torch
-
-    import inspect
 
     # an evaluator that can (star graphs) also gives one record per example: generations.jsonl, as for text tasks
     records = [] if "records" in inspect.signature(training_data.evaluator).parameters else None
