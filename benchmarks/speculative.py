@@ -12,7 +12,9 @@ text task that ``mutor eval`` knows (gsm_symbolic, reasoning_gym, gsm8k with ``-
 eos. Every method decodes every prompt in turn (methods interleaved per prompt, rounds alternating their
 order), so machine noise hits all of them alike; tokens/s is total new tokens over total decoding time.
 A LoRA checkpoint is merged into its base first. Drafting (``K`` fixed, or ``auto``: the draft length
-chosen per step) must return exactly the plain greedy tokens (asserted here too).
+chosen per step) must return exactly the plain greedy tokens: asserted in float32; in bfloat16 / float16 a
+forward of several rows may round a near-tie the other way (as batched decoding does), so there the prompts
+whose tokens differ are counted instead (``prompts_differing``).
 
 A run trained with a bidirectional prefix is decoded as ``mutor eval`` decodes it (the prompt encoded both
 ways, ``mutor.eval.generation.greedy_generate``); transformers' prompt lookup only decodes causally, so for
@@ -103,6 +105,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
     methods = ["greedy"] + (["greedy_causal"] if causal_pair else []) + \
               ([f"prompt_lookup_{lookup}"] if lookup else []) + [label[k] for k in drafts]
     seconds = {m: 0.0 for m in methods}
+    differing = {m: 0 for m in methods}
+    half = next(base.parameters()).dtype in (torch.bfloat16, torch.float16)
     tokens = {m: 0 for m in methods}
     stats = {k: DraftStats() for k in drafts}
     choosers = {k: DraftLength(model.mutor_config.d_max) for k in drafts if k == "auto"}   # one per split, as mutor eval
@@ -147,13 +151,15 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
                 for group in (own, causal or []):
                     for m in group[1:]:
                         if outs[m] != outs[group[0]]:
-                            raise AssertionError(f"{m} decoded other tokens than {group[0]} on prompt {p}")
+                            if not half:
+                                raise AssertionError(f"{m} decoded other tokens than {group[0]} on prompt {p}")
+                            differing[m] += r == 0
     rows = []
     for m in methods:
         ref = "greedy_causal" if (m.startswith("prompt_lookup") and causal_pair) else "greedy"
         row = {"method": m, "tokens_per_s": round(tokens[m] / seconds[m], 2),
                "speedup_vs_greedy": round(tokens[m] / seconds[m] / (tokens[ref] / seconds[ref]), 3),
-               "against": ref}
+               "against": ref, "prompts_differing": differing[m]}
         if m.startswith("registers_K"):
             k = next(k for k, v in label.items() if v == m)
             row.update(stats[k].to_dict())
@@ -168,15 +174,16 @@ def markdown(res: dict) -> str:
     lines = [f"{res['run']} ({res['task']}, {res['prompts']} prompts {budget} {res['max_new_tokens']} new tokens, "
              f"{res['rounds']} rounds, {res['threads']} thread(s), {res.get('dtype', 'auto')}, "
              f"{res.get('prefix_attention', 'causal')} prefix)", "",
-             "| method | tokens/s | vs greedy | tokens per forward | acceptance per offset | forwards per K |",
-             "|---|---|---|---|---|---|"]
+             "| method | tokens/s | vs greedy | tokens per forward | acceptance per offset | forwards per K | "
+             "prompts differing (half precision) |", "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         acc = ", ".join(f"{d} {a:.2f}" for d, a in r.get("acceptance", {}).items()) or "-"
         rounds = ", ".join(f"{k}: {n}" for k, n in r.get("rounds", {}).items()) or "-"
         tpf = f"{r['tokens_per_forward']:.2f}" if "tokens_per_forward" in r else (
             "1.00" if r["method"].startswith("greedy") else "-")
         vs = f"{r['speedup_vs_greedy']:.2f}x" + (" (vs causal)" if r.get("against") == "greedy_causal" else "")
-        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {vs} | {tpf} | {acc} | {rounds} |")
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {vs} | {tpf} | {acc} | {rounds} | "
+                     f"{r.get('prompts_differing', 0)} |")
     return "\n".join(lines) + "\n"
 
 
