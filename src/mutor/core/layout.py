@@ -175,11 +175,9 @@ def regular_layout(labels: torch.Tensor, prefix_attention: str = "causal",
     next-token baseline and the Multi-Token trunk train under, and what decoding encodes a prompt with (all
     labels ignored: the whole prompt is the prefix). Nothing is drawn from any RNG."""
     s = _RegularStream.of(labels, prefix_attention, attention_mask, position_ids)
-    B = s.ar.shape[0]
-    none = torch.zeros(B, 0, dtype=torch.long, device=s.dev)                        # (B, 0)
-    return RegisterLayout(position_ids=s.pos, doc_ids=s.doc, limit=s.limit, key_ok=s.am,
-                          ntp_labels=shift_labels(labels), reg_source=none, reg_labels=none, reg_choice=none,
-                          reg_valid=none.bool(), offset_index=torch.zeros(B, dtype=torch.long, device=s.dev))
+    zeros = torch.zeros(s.ar.shape[0], dtype=torch.long, device=s.dev)                # (B,)
+    none = zeros[:, None][:, :0]                                                     # (B, 0): no register slot
+    return _with_registers(s, labels, zeros, none, none.bool(), zeros)
 
 
 @dataclass
