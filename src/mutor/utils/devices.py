@@ -9,6 +9,8 @@ CPU in float32. ``mutor eval`` and ``mutor sample`` load their model on :func:`r
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional, Union
 
 import torch
@@ -23,14 +25,19 @@ DTYPES = ("auto", *TORCH_DTYPES)           # "auto": the checkpoint's own
 def cache_argument(model: torch.nn.Module) -> str:
     """The name the installed transformers gives a causal LM forward's KV cache: ``cache`` from 5.24 on (where
     ``past_key_values`` is deprecated, to go in 5.40), ``past_key_values`` before. A peft model is asked about
-    the model it wraps."""
-    import inspect
-
+    the model it wraps. Decided once per model class (drafting asks at every step)."""
     while True:
-        params = inspect.signature(type(model).forward).parameters
-        if "cache" in params or "past_key_values" in params or not hasattr(model, "get_base_model"):
-            return "cache" if "cache" in params else "past_key_values"
+        name = _cache_argument_of(type(model))
+        if name is not None or not hasattr(model, "get_base_model"):
+            return name or "past_key_values"
         model = model.get_base_model()
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument_of(cls: type) -> Optional[str]:
+    """``cache`` / ``past_key_values`` when ``cls.forward`` names one of them, else None."""
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else ("past_key_values" if "past_key_values" in params else None)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
