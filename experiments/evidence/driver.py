@@ -178,6 +178,22 @@ class Driver:
         return {"rc": p.returncode, "wall_seconds": round(time.time() - t0, 1),
                 "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
 
+
+    def stage(self, run: Run, d: Path, what: str, cmd: list, ledger: Optional[dict] = None) -> dict:
+        """Log ``what``, run ``cmd`` into the run's log (:meth:`sh`) and raise when it fails, naming the program
+        and the log. ``ledger``: fields of a line appended to the run's ``.train.jsonl`` with the resources
+        used, failed or not (training's record of CPU time)."""
+        self.log(run, what)
+        log = d.parent / f"{run.name}.log"
+        res = self.sh([str(c) for c in cmd], log, self.args.threads)
+        if ledger is not None:
+            with open(d.parent / f"{run.name}.train.jsonl", "a") as f:
+                f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **ledger, **res}) + "\n")
+        if res["rc"] != 0:
+            prog = f"mutor {cmd[3]}" if tuple(cmd[:3]) == MUTOR else Path(cmd[1]).name
+            raise RuntimeError(f"{prog} exited {res['rc']} (log: {log})")
+        return res
+
     def train(self, run: Run, d: Path) -> None:
         summary = d / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("finished"):
@@ -193,12 +209,7 @@ class Driver:
                # only the newest checkpoint (for resuming) is kept: a full fine-tune's is 1.6 GB
                f"training.save_total_limit={1 if g['eval']['task'] == 'run' else 'null'}",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
-        self.log(run, ("resuming" if has_ck else "training") + f" for {run.steps} steps")
-        res = self.sh(cmd, d.parent / f"{run.name}.log", t)
-        with open(d.parent / f"{run.name}.train.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": has_ck, **res}) + "\n")
-        if res["rc"] != 0:
-            raise RuntimeError(f"mutor train exited {res['rc']} (log: {d.parent / f'{run.name}.log'})")
+        self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd, {"resumed": has_ck})
 
     def prune(self, run: Run, d: Path) -> None:
         every = run.group["steps_per_epoch"]
@@ -218,10 +229,7 @@ class Driver:
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
             cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
-            self.log(run, "evaluating checkpoints")
-            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
-            if res["rc"] != 0:
-                raise RuntimeError(f"mutor eval exited {res['rc']}")
+            res = self.stage(run, d, "evaluating checkpoints", cmd)
             (d / "eval_seconds.json").write_text(json.dumps(res))
         return {**json.loads((out / "summary.json").read_text()), "eval_dir": str(out)}
 
@@ -234,10 +242,7 @@ class Driver:
         if not (test / "summary.json").is_file():
             cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--output-dir", str(test), "--quiet"]
             cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
-            self.log(run, "evaluating the final model")
-            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
-            if res["rc"] != 0:
-                raise RuntimeError(f"mutor eval exited {res['rc']}")
+            res = self.stage(run, d, "evaluating the final model", cmd)
             (d / "eval_seconds.json").write_text(json.dumps(res))
         curve = json.loads((d / "summary.json").read_text()).get("eval_history", [])
         return {**json.loads((test / "summary.json").read_text()), "split": "test", "selected_checkpoint": "final",
@@ -251,11 +256,8 @@ class Driver:
         f = d / "answer_loss.jsonl"
         if not f.is_file() or len(f.read_text().splitlines()) < 2:
             f.unlink(missing_ok=True)
-            self.log(run, "held-out answer loss")
-            res = self.sh([sys.executable, str(REPO / "experiments/real/heldout_loss.py"), str(d), "--limit", str(n),
-                           "--output", str(f)], d.parent / f"{run.name}.log", self.args.threads)
-            if res["rc"] != 0:
-                raise RuntimeError(f"heldout_loss.py exited {res['rc']}")
+            self.stage(run, d, "held-out answer loss", [sys.executable, REPO / "experiments/real/heldout_loss.py", d,
+                                                        "--limit", n, "--output", f])
         return {r["split"]: r for r in map(json.loads, f.read_text().splitlines())}
 
     def row(self, run: Run, d: Path, ev: dict, losses: dict) -> dict:
@@ -304,10 +306,7 @@ class Driver:
                    "--limit", str(spec.get("limit", 20)), "--dtype", e.get("dtype", "float32"), "--output", str(f)]
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
-            self.log(run, "drafting")
-            res = self.sh(cmd, d.parent / f"{run.name}.log", self.args.threads)
-            if res["rc"] != 0:
-                raise RuntimeError(f"drafting.py exited {res['rc']}")
+            self.stage(run, d, "drafting", cmd)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed, "tag": run.tag,
                 "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()), "code": commit,
