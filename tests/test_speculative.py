@@ -72,9 +72,9 @@ def _planted(model: MuToRModel, target: list[int], wrong_offset: int | None, K: 
 
 @pytest.mark.parametrize("wrong,forwards,offered,accepted", [
     (None, 4, {2: 3, 3: 3, 4: 3}, {2: 3, 3: 3, 4: 3}),     # oracle drafts: 1 token, then 4 per forward
-    (3, 7, {2: 6, 3: 6}, {2: 6}),                           # d=3 always wrong: 2 tokens per forward, d=4 never reached
-    (2, 13, {2: 12}, {}),                                   # d=2 wrong: plain greedy speed
-])
+    (3, 7, {2: 6, 3: 5}, {2: 6}),                           # d=3 always wrong: 2 tokens per forward, d=4 never
+    (2, 13, {2: 11}, {}),                                   # reached; d=2 wrong: plain greedy speed. The last round
+])                                                          # drafts no token past max_new_tokens (room for 1, 0)
 def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accepted):
     base = make_model("llama")
     ids = _prompt(4)
@@ -88,6 +88,34 @@ def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accept
     assert got[0].tolist() == target
     assert (stats.forwards, stats.offered, stats.accepted) == (forwards, offered, accepted)
     assert stats.tokens_per_forward == pytest.approx(13 / forwards)
+
+
+def test_a_draft_ends_at_its_eos():
+    """A draft is cut after its first eos: the tokens behind it could never be emitted, so they are not fed, and
+    no register follows the eos (keeping it ends decoding). Oracle drafts, K = 4, eos the 6th new token: the
+    prompt's round, one round of 4 tokens, then [x_5, eos] with registers after x_5 only (2 + 3 rows, not
+    4 + 12); the output is greedy's up to the eos."""
+    base = make_model("llama")
+    ids = _prompt(5)
+    n = ids.shape[1]
+    target = _greedy(base, ids, 13)[0].tolist()
+    eos = target[n + 5]
+    assert eos not in target[n:n + 5]
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, None, K=4)
+    rows, planted = [], base.forward
+
+    def counting(*args, inputs_embeds=None, **kw):
+        rows.append(inputs_embeds.shape[1])
+        return planted(*args, inputs_embeds=inputs_embeds, **kw)
+
+    base.forward = counting
+    got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=4, eos_token_id=eos)
+    assert got[0].tolist() == target[:n + 6]
+    assert rows == [n + 3, 4 + 12, 2 + 3]
+    assert (stats.offered, stats.accepted) == ({2: 2, 3: 1, 4: 1}, {2: 2, 3: 1, 4: 1})
 
 
 def test_cache_keeps_no_register_entries(monkeypatch):
@@ -261,9 +289,9 @@ def _draws(model, ids, temperature: float, n: int) -> tuple[torch.Tensor, "spec.
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.long)
     total = spec.DraftStats()
     for _ in range(n):
-        out, st = spec.generate(model, ids, max_new_tokens=2, draft_registers=3, eos_token_id=[], do_sample=True,
-                                temperature=temperature, generator=gen)
-        a, b = out[0, ids.shape[1]:].tolist()
+        out, st = spec.generate(model, ids, max_new_tokens=3, draft_registers=3, eos_token_id=[], do_sample=True,
+                                temperature=temperature, generator=gen)   # 3: a draft for the 2nd token is verified
+        a, b = out[0, ids.shape[1]:ids.shape[1] + 2].tolist()
         counts[a, b] += 1
         total.add(st)
     return counts, total

@@ -27,7 +27,7 @@ import torch
 
 
 def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list | None = None,
-            max_new_tokens: int | None = None, data: str | None = None) -> dict:
+            max_new_tokens: int | None = None, data: str | None = None, split: str = "test") -> dict:
     from mutor.data.templates import render_prompt
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
@@ -38,7 +38,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     model = MuToRModel.from_pretrained(ckpt, base=base).eval()
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")
     bench = get_benchmark(task)
-    examples = load_examples(bench, "test", data, limit, model_path=str(ckpt))
+    examples = load_examples(bench, split, data, limit, model_path=str(ckpt))
     prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
     n_new = int(max_new_tokens or bench.template.max_new_tokens)
     eos = tok.eos_token_id
@@ -79,7 +79,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
                 secs[name] += time.perf_counter() - t0
     n_tok = sum(len(g) for g in outs["greedy"])
     g_sec = secs["greedy"]
-    result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "prompts": len(prompts),
+    result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "split": split, "prompts": len(prompts),
               "max_new_tokens": n_new, "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode,
               "d_max": d_max, "timing": "interleaved per prompt",
               "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
@@ -119,10 +119,12 @@ def main(argv=None) -> int:
                                                                "(default: 1..d_max and auto)")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--data", default=None, help="the task's test data file, where the task reads one")
+    ap.add_argument("--split", default="test", help="the prompts' split: test (the rows), or validation "
+                                                    "(to try a change to drafting without looking at test prompts)")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
     ks = [k if k == "auto" else int(k) for k in args.k] if args.k else None
-    res = measure(args.checkpoint, args.task, args.limit, args.dtype, ks, args.max_new_tokens, args.data)
+    res = measure(args.checkpoint, args.task, args.limit, args.dtype, ks, args.max_new_tokens, args.data, args.split)
     text = json.dumps(res)
     print(text)
     if args.output:

@@ -241,18 +241,21 @@ def generate(
     try:
         while stats.new_tokens < max_new_tokens:
             k = K if stats.forwards == 0 else length.choose()        # the prompt's round drafts the longest
-            offsets, draft = list(range(2, k + 1)), draft[:k - 1]
-            q = q[:k - 1] if q is not None else None
+            room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
+            offsets, draft = list(range(2, k + 1)), _until_end(draft[:k - 1], eos, room)
+            q = q[:len(draft)] if q is not None else None
+            last = len(draft) >= room or (bool(draft) and draft[-1] in eos)   # keeping every draft ends decoding
             reg_vec = all_vec[:k - 1] if offsets else None
             t0 = time.perf_counter()
-            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len)  # (m-a+R, V)
+            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len,
+                                          last)                                          # (m-a+R, V)
             if do_sample:                                          # kept drafts, then a token drawn from p
                 kept, nxt = _verify_sampled(draft, q, logits[:m - a], temperature, generator, stats)
             else:                                                  # the model's own choice after feed[a], feed[a+1], ...
                 greedy = logits[:m - a].argmax(-1).tolist()
                 kept = _verify(draft, greedy, stats)
                 nxt = greedy[kept]
-            if stats.forwards and len(draft) == k - 1:             # the prompt's round is no measure of a step
+            if stats.forwards and len(draft) == k - 1 and not last:   # the prompt's round is no measure of a step
                 length.record(k, time.perf_counter() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
@@ -319,23 +322,24 @@ def _checked_arguments(
 
 def _draft_forward(
     model: MuToRModel, emb: torch.nn.Module, reg_vec: Optional[torch.Tensor], offsets: list[int],
-    cache: DynamicCache, pending: torch.Tensor, draft: list[int], prompt_len: int,
+    cache: DynamicCache, pending: torch.Tensor, draft: list[int], prompt_len: int, last: bool = False,
 ) -> tuple[torch.Tensor, int, int]:
     """One forward of ``feed = [pending, draft]`` (m tokens) plus K-1 registers after each of
-    ``feed[a:]``, ``a`` being the newest kept token; the cache grows by all m + R rows.
+    ``feed[a:]``, ``a`` being the newest kept token (``last``: none after ``feed[-1]``, whose keeping ends
+    decoding); the cache grows by all m + R rows.
     Returns ``(logits (m-a+R, V), m, a)``: the rows of feed[a:] (the prompt before its last token needs
     none), then the registers."""
     dev = pending.device
     past = cache.get_seq_length()
     feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
     m, a = feed.numel(), pending.numel() - 1               # a: index of the newest kept token in feed
-    ends = torch.arange(a, m, device=dev)                  # tokens whose registers may draft the next round
+    ends = torch.arange(a, m - last, device=dev)           # tokens whose registers may draft the next round
     src = ends.repeat_interleave(len(offsets))                                 # (R,)
     d = torch.tensor(offsets, dtype=torch.long, device=dev).repeat(len(ends))  # (R,)
     x = emb(feed[None])                                                        # (1, m, C)
-    if offsets:
+    if src.numel():
         x = torch.cat([x, reg_vec.to(x.dtype).repeat(len(ends), 1)[None]], 1)  # (1, m+R, C)
-    if m == 1 and not offsets and past and not any(model.windows.values()):
+    if m == 1 and not src.numel() and past and not any(model.windows.values()):
         # one regular token, no register, full attention: it sees every cached token, which is what the model
         # does with no mask at all (plain greedy's step; no (past x past) mask to build)
         mask, pos = None, torch.tensor([[past]], device=dev)
@@ -383,6 +387,16 @@ def _verify_sampled(draft: list[int], q: Optional[torch.Tensor], rows: torch.Ten
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
 
 
+def _until_end(draft: list[int], eos: set[int], room: int) -> list[int]:
+    """``draft`` up to its first eos (included) and at most ``room`` tokens: a draft token that could never be
+    emitted (after an eos, or past ``max_new_tokens``) would only cost rows to verify."""
+    draft = draft[:max(room, 0)]
+    for i, t in enumerate(draft):
+        if t in eos:
+            return draft[:i + 1]
+    return draft
+
+
 def _emit(new: list[int], out_ids: list[int], stats: DraftStats, max_new_tokens: int, eos: set[int]) -> bool:
     """Append ``new`` to ``out_ids`` up to ``max_new_tokens`` and the first eos; True when decoding is done."""
     for t in new:
@@ -392,4 +406,4 @@ def _emit(new: list[int], out_ids: list[int], stats: DraftStats, max_new_tokens:
         stats.new_tokens += 1
         if t in eos:
             return True
-    return False
+    return stats.new_tokens >= max_new_tokens
