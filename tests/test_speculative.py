@@ -118,6 +118,42 @@ def test_a_draft_ends_at_its_eos():
     assert (stats.offered, stats.accepted) == ({2: 2, 3: 1, 4: 1}, {2: 2, 3: 1, 4: 1})
 
 
+class _Always(spec.DraftLength):
+    """A chooser that always takes one draft: ``(k, tail)``."""
+
+    def __init__(self, k: int, tail: bool):
+        super().__init__(k)
+        self.pick = (k, tail)
+
+    def choose(self):
+        return self.pick
+
+
+@pytest.mark.parametrize("wrong,rows", [
+    (None, [7, 7, 4]),                  # oracle: 4 tokens per round; the last round (room for 3) needs no register
+    (3, [7, 4, 7, 4, 7, 4, 3, 1]),      # d=3 wrong: a round keeps 1 draft, and the next has none (1 token + 3
+])                                      # registers); then room for 2 (no register) and for 0
+def test_tail_rounds_are_lossless_and_feed_registers_after_the_last_token_only(wrong, rows):
+    base = make_model("llama")
+    ids = _prompt(4)
+    target = _greedy(base, ids, 13)[0].tolist()
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, wrong, K=4)
+    fed, planted = [], base.forward
+
+    def counting(*args, inputs_embeds=None, **kw):
+        fed.append(inputs_embeds.shape[1])
+        return planted(*args, inputs_embeds=inputs_embeds, **kw)
+
+    base.forward = counting
+    got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=_Always(4, True), eos_token_id=[])
+    assert got[0].tolist() == target
+    assert fed == [ids.shape[1] + 3] + rows
+    assert stats.tail_rounds == len(rows)
+
+
 def test_cache_keeps_no_register_entries(monkeypatch):
     caches = []
 
@@ -192,20 +228,31 @@ def test_benchmark_runs_on_a_saved_star_graph_model(tmp_path):
 
 
 def _length(k_max: int, cost, **kw) -> "spec.DraftLength":
+    """A chooser through its timing phase, ``cost(rows)`` seconds per forward: every candidate once, most rows first."""
     length = spec.DraftLength(k_max, **kw)
-    for k in range(k_max, 0, -1):                  # the timing phase: longest first
-        assert length.choose() == k
-        length.record(k, cost(k))
+    timed = []
+    while len(timed) < len(length.candidates):
+        k, tail = length.choose()
+        rows = length.rows(k, tail)
+        timed.append(rows)
+        length.record(rows, cost(rows))
+    assert timed == sorted(timed, reverse=True) and len(set(timed)) == len(timed)
     return length
 
 
-def test_draft_length_switches_drafting_off_when_drafts_are_rejected_and_probes_ever_more_rarely():
-    length = _length(4, cost=lambda k: 1.0 + 0.5 * (k * k - 1))     # rows cost in proportion: K^2 rows
+def _rounds(length, n: int, kept) -> list[tuple[int, bool]]:
+    """``n`` rounds of choosing and observing, ``kept(k)`` drafts kept of k-1; the choices."""
     picks = []
-    for _ in range(200):
-        k = length.choose()
-        picks.append(k)
-        length.observe(drafted=k - 1 if k > 1 else 0, kept=0)
+    for _ in range(n):
+        k, tail = length.choose()
+        picks.append((k, tail))
+        length.observe(drafted=k - 1, kept=kept(k))
+    return picks
+
+
+def test_draft_length_switches_drafting_off_when_drafts_are_rejected_and_probes_ever_more_rarely():
+    length = _length(4, cost=lambda rows: 1.0 + 0.5 * (rows - 1))   # rows cost in proportion
+    picks = [k for k, _ in _rounds(length, 200, kept=lambda k: 0)]
     probes = [i for i, k in enumerate(picks) if k > 1]
     assert picks.count(1) >= 180                    # plain greedy decoding, apart from a few probes
     gaps = [b - a for a, b in zip(probes[::2], probes[2::2])]        # a probe is two rounds: draft, verify
@@ -213,24 +260,45 @@ def test_draft_length_switches_drafting_off_when_drafts_are_rejected_and_probes_
 
 
 @pytest.mark.parametrize("cost, expected", [
-    (lambda k: 1.0, 4),                             # extra rows are free: the longest draft
-    (lambda k: float(k * k), 1),                    # rows cost in full: K^2 rows never pay for 1 + ... tokens
-])
+    (lambda rows: 1.0, (4, False)),                 # extra rows are free: the longest draft, registers everywhere
+    (lambda rows: float(rows), (1, False)),         # rows cost in full: no draft pays for its rows
+    (lambda rows: 1.0 + (rows > 3), (2, True)),     # float32 on a CPU: 1-3 rows cost one, more cost two: a
+])                                                  # 2-token tail round (3 rows) beats a full one (4 rows)
 def test_draft_length_follows_tokens_per_second_when_every_draft_is_kept(cost, expected):
     length = _length(4, cost)
-    for _ in range(30):
-        k = length.choose()
-        length.observe(drafted=k - 1 if k > 1 else 0, kept=k - 1 if k > 1 else 0)
+    _rounds(length, 30, kept=lambda k: k - 1)
     assert length.best() == expected
 
 
+def test_tail_registers_pay_only_while_drafts_are_kept():
+    """Rows costing as float32 does on a CPU (1-3 rows about one, a little more each; 4 or more two): a tail
+    round of K = 2 (3 rows) beats K = 1 while its draft is kept (2 tokens for 1.2), and loses when every
+    draft fails (a drafted round and the draftless round after it, 1.2 + 1.1, for 2 tokens)."""
+    cost = lambda rows: 1.0 + 0.1 * (rows - 1) if rows <= 3 else 2.0
+    best = {}
+    for share in (1, 0):
+        length = _length(2, cost, memory=1.0)
+        _rounds(length, 100, kept=lambda k: min(share, k - 1))
+        best[share] = length.best()
+    assert best == {1: (2, True), 0: (1, False)}
+
+
+def test_every_draft_is_tried_once_even_when_its_rows_never_come():
+    """Answers shorter than a draft: a full K = 4 round (16 rows) cut at its eos feeds at most 9 rows. The
+    chooser still tries each draft once, then prices 16 rows in proportion to the largest measured and a
+    smaller unmeasured count at most as the next larger measured one."""
+    length = spec.DraftLength(4)
+    tried = []
+    for _ in range(len(length.candidates)):
+        tried.append(length.choose())
+        length.record(min(length.rows(*tried[-1]), 9), 1.0 + (length.rows(*tried[-1]) > 3))
+    assert sorted(tried) == sorted(length.candidates) and length.choose() in length.candidates
+    assert length.seconds(16) == pytest.approx(2.0 * 16 / 9) and length.seconds(6) == 2.0
+
+
 def test_draft_length_stops_at_the_first_offset_that_fails():
-    length = _length(4, cost=lambda k: 1.0 + 0.3 * (k - 1))         # d=2 always right, d=3 always wrong
-    picks = []
-    for _ in range(60):
-        k = length.choose()
-        picks.append(k)
-        length.observe(drafted=k - 1 if k > 1 else 0, kept=min(1, k - 1))
+    length = _length(4, cost=lambda rows: 1.0 + 0.3 * (rows - 1))   # d=2 always right, d=3 always wrong
+    picks = [k for k, _ in _rounds(length, 60, kept=lambda k: min(1, k - 1))]
     assert picks[10:].count(2) >= 0.8 * len(picks[10:])
 
 
@@ -255,7 +323,7 @@ def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
         ids = _prompt(seed)
         got, stats = spec.generate(model, ids, max_new_tokens=6, draft_registers=length, eos_token_id=[])
         assert torch.equal(got, _greedy(base, ids, 6))
-    assert set(length.cost) == {1, 2, 3}            # timed once over the three prompts, not once per prompt
+    assert set(length.cost) >= {9, 5, 4, 3, 1}      # timed once over the three prompts, not once per prompt
 
 
 def _chi2_upper(df: int, z: float = 3.09) -> float:

@@ -19,9 +19,11 @@ follows the model's own sampling distribution exactly.
 
 Whether drafting pays in wall-clock time depends on the registers and on the machine: a forward of K^2 rows
 costs little more than one row where a forward is bound by reading the weights (bf16 on a CPU, a GPU) and
-nearly in proportion elsewhere (fp32 on a CPU). ``draft_registers="auto"`` (the default) therefore picks
-each round's draft length from the recent acceptance and the measured cost of each length
-(:class:`DraftLength`), and decodes plainly, one token per forward, when no draft length pays.
+more elsewhere (float32 on a CPU costs in steps: 1-3 rows about one, 4-6 about two). ``draft_registers="auto"``
+(the default) therefore picks each round's draft length, and whether registers follow every fed token or
+only the last one (fewer rows; a rejected draft then leaves the next round without one), from the recent
+acceptance and the measured cost of a forward by its rows (:class:`DraftLength`), and decodes plainly, one
+token per forward, when no draft pays. A draft ends at its first eos and at ``max_new_tokens``.
 
 The cache is a plain ``DynamicCache`` of full layers (sliding windows are applied through the mask on
 position ids, as in training), built here so that no layer evicts entries on its own; after each
@@ -54,6 +56,7 @@ class DraftStats:
     offered: dict[int, int] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
     rounds: dict[int, int] = field(default_factory=dict)          # forwards per draft length K (K = 1: no draft)
+    tail_rounds: int = 0                                          # of them, rounds with registers after the last token only
 
     @property
     def tokens_per_forward(self) -> float:
@@ -72,6 +75,7 @@ class DraftStats:
             self.accepted[d] = self.accepted.get(d, 0) + other.accepted.get(d, 0)
         for k, n in other.rounds.items():
             self.rounds[k] = self.rounds.get(k, 0) + n
+        self.tail_rounds += other.tail_rounds
         return self
 
     def to_dict(self) -> dict:
@@ -79,64 +83,107 @@ class DraftStats:
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "acceptance": {f"d={d}": round(a, 4) for d, a in self.acceptance().items()},
                 "offered": {f"d={d}": n for d, n in sorted(self.offered.items())},
-                "rounds": {f"K={k}": n for k, n in sorted(self.rounds.items())}}
+                "rounds": {f"K={k}": n for k, n in sorted(self.rounds.items())}, "tail_rounds": self.tail_rounds}
 
 
 class DraftLength:
-    """Chooses each round's draft length K in 1..K_max from the recent acceptance and the measured cost.
+    """Chooses each round's draft from the recent acceptance and the measured cost of a forward: its length
+    K in 1..K_max, and whether the registers follow every fed token or only the last one.
 
-    A round with draft length K feeds the pending token, up to K-1 drafted tokens and K-1 registers after
-    each of them; it yields ``E(K) = 1 + sum_{j=2..K} prod_{d=2..j} p_d`` tokens on average, ``p_d`` being
-    the acceptance of offset d given that every earlier draft was kept. ``p_d`` is estimated from recent
-    rounds (every count discounted by ``memory`` per round, one kept and one rejected draft as prior), so
-    that a repetitive or formulaic stretch of text is noticed and an offset left untried drifts back to the
-    prior and is tried again; the cost ``c(K)`` is a running average of the
-    measured seconds per forward. Each round takes the K with the most tokens per second ``E(K) / c(K)``: on
-    a machine where extra rows cost nearly nothing (bf16, a GPU) long drafts pay even at modest acceptance;
-    where they cost in proportion, or the registers are poor, K = 1 wins and decoding is plain greedy
-    decoding. Every K is timed once at the start (longest first). While K = 1 wins, the longest draft is
-    tried again after ``probe`` rounds (two rounds: one drafts, the next verifies), an interval that doubles
-    (up to ``max_probe``) each time the probe does not change the choice, so that a poor drafter costs a
-    vanishing share of forwards.
-    ``fixed``: always that K (no timing)."""
+    A round feeds the pending token and up to K-1 drafted tokens. With registers after each of them
+    ("full", K^2 rows) the round after always has a draft; it yields ``E(K) = 1 + sum_{j=2..K} prod_{d=2..j}
+    p_d`` tokens on average, ``p_d`` being the acceptance of offset d given that every earlier draft was kept.
+    With registers after the last token only ("tail", 2K-1 rows) a rejected draft leaves the next round
+    without one (it feeds one token and K-1 registers, K rows, for one token), so a tail round and its
+    share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
+    being the chance that the whole draft is kept. ``p_d`` is estimated from recent rounds (every count
+    discounted by ``memory`` per round, one kept and one rejected draft as prior), so that a repetitive or
+    formulaic stretch of text is noticed and an offset left untried drifts back to the prior and is tried
+    again. ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a
+    row count not yet measured costs at most what a measured larger one costs, or, above every measured
+    one, in proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
+
+    Each round takes the draft with the most tokens per second. Which one wins depends on the machine, not
+    only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
+    long full drafts; where matrix products cost in steps of rows (float32 on a CPU: 1-3 rows cost about
+    one, 4-6 about two), short tail drafts; where rows cost in proportion, or the registers are poor, K = 1,
+    which is plain greedy decoding. Every candidate is tried once at the start (most rows first). While
+    K = 1 wins, the longest tail draft is tried again after ``probe`` rounds (two rounds: one drafts, the
+    next verifies), an interval that doubles (up to ``max_probe``) each time the probe does not change the
+    choice, so that a poor drafter costs a vanishing share of forwards.
+    ``fixed``: always that K, full (no timing)."""
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
                  memory: float = 0.85, smoothing: float = 0.3):
         self.k_max, self.fixed, self.memory, self.smoothing = k_max, fixed, memory, smoothing
         self.probe, self.min_probe, self.max_probe = probe, probe, max_probe
-        self.cost: dict[int, float] = {}
+        self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
         self.accepted = [0.0] * (k_max + 1)
         self.since_probe, self.verifying = 0, False
+        self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
+        self.tried: set[tuple[int, bool]] = set()
+
+    @staticmethod
+    def rows(k: int, tail: bool) -> int:
+        """Rows of a round that feeds the pending token, a full draft of k-1 tokens and its registers."""
+        return 2 * k - 1 if tail else k * k
 
     def expected_tokens(self, k: int) -> float:
+        return self._chain(k)[0]
+
+    def _chain(self, k: int) -> tuple[float, float]:
+        """``(E(k), P(k))``: expected tokens of a round with a draft of k-1 tokens, chance all are kept."""
         total, run = 1.0, 1.0
         for d in range(2, k + 1):
             run *= (self.accepted[d] + 1) / (self.offered[d] + 2)
             total += run
-        return total
+        return total, run
 
-    def best(self) -> int:
-        return max(range(1, self.k_max + 1), key=lambda k: self.expected_tokens(k) / self.cost[k])
+    def seconds(self, rows: int) -> Optional[float]:
+        """The measured cost of a forward of ``rows`` rows, else the least of a measured larger one's, else the
+        largest measured one's in proportion (None: nothing measured)."""
+        if rows in self.cost:
+            return self.cost[rows]
+        above = [c for r, c in self.cost.items() if r > rows]
+        if above:
+            return min(above)
+        return max(self.cost.items())[1] * rows / max(self.cost) if self.cost else None
 
-    def choose(self) -> int:
+    def rate(self, k: int, tail: bool) -> Optional[float]:
+        """Expected tokens per second of the candidate (None: not timed yet)."""
+        c = self.seconds(self.rows(k, tail))
+        if c is None:
+            return None
+        e, p = self._chain(k)
+        if not tail:
+            return e / c
+        return (e + 1 - p) / (c + (1 - p) * self.seconds(k))
+
+    def best(self) -> tuple[int, bool]:
+        return max(self.candidates, key=lambda c: self.rate(*c))
+
+    def choose(self) -> tuple[int, bool]:
+        """This round's ``(K, tail)``."""
         if self.fixed is not None:
-            return self.fixed
-        untimed = [k for k in range(self.k_max, 0, -1) if k not in self.cost]
-        if untimed:
-            return untimed[0]
-        k = self.best()
+            return self.fixed, False
+        untried = sorted((c for c in self.candidates if c not in self.tried), key=lambda c: -self.rows(*c))
+        if untried:
+            self.tried.add(untried[0])
+            return untried[0]
+        k, tail = self.best()
         if k > 1:
             self.since_probe, self.probe = 0, self.min_probe
-            return k
+            return k, tail
+        probe = (self.k_max, True)
         if self.verifying:                                 # the probe's draft is verified in the next round
             self.verifying = False
-            return self.k_max
+            return probe
         self.since_probe += 1
         if self.since_probe >= self.probe:                 # probe; back off if it changes nothing
             self.since_probe, self.probe, self.verifying = 0, min(2 * self.probe, self.max_probe), True
-            return self.k_max
-        return 1
+            return probe
+        return 1, False
 
     def observe(self, drafted: int, kept: int) -> None:
         """One verification: ``drafted`` drafts were fed, the first ``kept`` of them equal greedy's tokens."""
@@ -147,10 +194,10 @@ class DraftLength:
             self.offered[d] += 1
             self.accepted[d] += d - 2 < kept
 
-    def record(self, k: int, seconds: float) -> None:
-        """The measured seconds of a forward with draft length ``k`` (a full draft of k-1 tokens)."""
-        old = self.cost.get(k)
-        self.cost[k] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+    def record(self, rows: int, seconds: float) -> None:
+        """The measured seconds of a forward of ``rows`` rows (tokens and registers)."""
+        old = self.cost.get(rows)
+        self.cost[rows] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
 
 
 def _register_vectors(model: MuToRModel, offsets: list[int]) -> torch.Tensor:
@@ -240,34 +287,35 @@ def generate(
     q = None                                                                           # (len(draft), V) when sampling
     try:
         while stats.new_tokens < max_new_tokens:
-            k = K if stats.forwards == 0 else length.choose()        # the prompt's round drafts the longest
+            k, tail = (K, False) if stats.forwards == 0 else length.choose()   # the prompt's round drafts the longest
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
             offsets, draft = list(range(2, k + 1)), _until_end(draft[:k - 1], eos, room)
-            q = q[:len(draft)] if q is not None else None
+            q = q[:len(draft)] if q is not None and draft else None
             last = len(draft) >= room or (bool(draft) and draft[-1] in eos)   # keeping every draft ends decoding
             reg_vec = all_vec[:k - 1] if offsets else None
             t0 = time.perf_counter()
-            logits, m, a = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len,
-                                          last)                                          # (m-a+R, V)
+            logits, m, a, ends = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len,
+                                                tail, last)                              # (m-a+R, V)
             if do_sample:                                          # kept drafts, then a token drawn from p
                 kept, nxt = _verify_sampled(draft, q, logits[:m - a], temperature, generator, stats)
             else:                                                  # the model's own choice after feed[a], feed[a+1], ...
                 greedy = logits[:m - a].argmax(-1).tolist()
                 kept = _verify(draft, greedy, stats)
                 nxt = greedy[kept]
-            if stats.forwards and len(draft) == k - 1 and not last:   # the prompt's round is no measure of a step
-                length.record(k, time.perf_counter() - t0)
+            if stats.forwards:                                     # the prompt's round is no measure of a step
+                length.record(m + len(ends) * len(offsets), time.perf_counter() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
+            stats.tail_rounds += tail
             length.observe(len(draft), kept)
             new = draft[:kept] + [nxt]
             cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to the newest kept; no registers
             if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
                 cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
                 break
-            pending = torch.tensor([nxt], device=dev)
-            if offsets:
-                r0 = m - a + kept * len(offsets)                   # the registers after x_e
+            pending, draft, q = torch.tensor([nxt], device=dev), [], None
+            if a + kept in ends:                                   # the registers after x_e, the newest kept token
+                r0 = m - a + ends.index(a + kept) * len(offsets)
                 reg = logits[r0:r0 + len(offsets)]                                     # (K-1, V)
                 if do_sample:
                     q = torch.softmax(reg.float() / temperature, -1)
@@ -322,19 +370,21 @@ def _checked_arguments(
 
 def _draft_forward(
     model: MuToRModel, emb: torch.nn.Module, reg_vec: Optional[torch.Tensor], offsets: list[int],
-    cache: DynamicCache, pending: torch.Tensor, draft: list[int], prompt_len: int, last: bool = False,
-) -> tuple[torch.Tensor, int, int]:
+    cache: DynamicCache, pending: torch.Tensor, draft: list[int], prompt_len: int, tail: bool = False,
+    last: bool = False,
+) -> tuple[torch.Tensor, int, int, list[int]]:
     """One forward of ``feed = [pending, draft]`` (m tokens) plus K-1 registers after each of
-    ``feed[a:]``, ``a`` being the newest kept token (``last``: none after ``feed[-1]``, whose keeping ends
-    decoding); the cache grows by all m + R rows.
-    Returns ``(logits (m-a+R, V), m, a)``: the rows of feed[a:] (the prompt before its last token needs
-    none), then the registers."""
+    ``feed[a:]``, ``a`` being the newest kept token (``tail``: after ``feed[-1]`` only; ``last``: none after
+    ``feed[-1]``, whose keeping ends decoding); the cache grows by all m + R rows.
+    Returns ``(logits (m-a+R, V), m, a, ends)``: the rows of feed[a:] (the prompt before its last token needs
+    none), then the registers, after each index of ``feed`` in ``ends`` in turn."""
     dev = pending.device
     past = cache.get_seq_length()
     feed = torch.cat([pending, torch.tensor(draft, dtype=torch.long, device=dev)])   # (m,)
     m, a = feed.numel(), pending.numel() - 1               # a: index of the newest kept token in feed
-    ends = torch.arange(a, m - last, device=dev)           # tokens whose registers may draft the next round
-    src = ends.repeat_interleave(len(offsets))                                 # (R,)
+    ends = ([m - 1] if tail else list(range(a, m))) if offsets else []    # tokens whose registers may draft
+    ends = [e for e in ends if e < m - last]                                # the next round
+    src = torch.tensor(ends, dtype=torch.long, device=dev).repeat_interleave(len(offsets))   # (R,)
     d = torch.tensor(offsets, dtype=torch.long, device=dev).repeat(len(ends))  # (R,)
     x = emb(feed[None])                                                        # (1, m, C)
     if src.numel():
@@ -349,7 +399,7 @@ def _draft_forward(
     keep[0, a:] = True                                     # rows before a (the prompt's) need no logits
     logits = model.logits_at({"inputs_embeds": x, "attention_mask": mask, "position_ids": pos,
                               cache_argument(model.base_model): cache, "use_cache": True}, keep)  # (m-a+R, V)
-    return logits, m, a
+    return logits, m, a, ends
 
 
 def _verify(draft: list[int], greedy: list[int], stats: DraftStats) -> int:
