@@ -9,7 +9,8 @@ the machine's load (other runs beside this one) slows them alike. A LoRA checkpo
 base once, for all of them. Every decoder's tokens are compared with greedy's: drafting is lossless, so in
 float32 they must be equal; in bfloat16 a forward of several rows may round differently from one of a single
 row, and a near-tie may then go the other way (``prompts_differing_from_greedy`` counts them, K = 1
-included). One JSON object is printed (and written to ``--output``)::
+included) and the outputs' lengths differ: ``speedup_vs_greedy`` is the ratio of seconds on the same prompts,
+``tokens_per_s_vs_greedy`` that of emitted tokens per second (the two agree where the outputs do). One JSON object is printed (and written to ``--output``)::
 
     python experiments/evidence/drafting.py runs/evidence/rg-maze/mutor_s0/checkpoint-125 \
         --task reasoning_gym --limit 20 --dtype float32
@@ -92,7 +93,9 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         n_out = sum(len(o) for o in outs[name])                             # emitted tokens without eos, as greedy's
         differ = sum(o != g for o, g in zip(outs[name], outs["greedy"]))
         result["drafting"][name] = {**total.to_dict(), "seconds": round(sec, 2), "tokens_per_s": round(n_out / sec, 2),
-                                    "speedup_vs_greedy": round(g_sec / sec, 3), "identical_to_greedy": differ == 0,
+                                    "speedup_vs_greedy": round(g_sec / sec, 3),
+                                    "tokens_per_s_vs_greedy": round(n_out / sec / (n_tok / g_sec), 3),
+                                    "identical_to_greedy": differ == 0,
                                     "prompts_differing_from_greedy": differ}
     return result
 

@@ -169,7 +169,8 @@ def markdown(rows: list[dict]) -> str:
 
 def drafting_table(drafts: list[dict]) -> str:
     """Registers as drafters (drafting.jsonl): per MuToR run, greedy tokens/s and, per draft length, tokens
-    per forward, tokens/s and the speed-up over greedy, all at batch size 1 on the same prompts."""
+    per forward, tokens/s and the ratio of tokens/s to greedy's (not of seconds: in bf16 an output may differ
+    from greedy's and have another length), all at batch size 1 on the same prompts."""
     if not drafts:
         return ""
     ks = sorted({k for d in drafts for k in d["drafting"]}, key=lambda k: (k == "K=auto", k))
@@ -182,8 +183,8 @@ def drafting_table(drafts: list[dict]) -> str:
                  "interleaved" if d.get("timing") else "one decoder after another", f"{d['greedy']['tokens_per_s']:.1f}"]
         for k in ks:
             r = d["drafting"].get(k)
-            cells.append(f"{r['tokens_per_forward']:.2f}, {r['tokens_per_s']:.1f}, {r['speedup_vs_greedy']:.2f}x"
-                         if r else "-")
+            cells.append(f"{r['tokens_per_forward']:.2f}, {r['tokens_per_s']:.1f}, "
+                         f"{r['tokens_per_s'] / d['greedy']['tokens_per_s']:.2f}x" if r else "-")
         longest = d["drafting"].get(f"K={d['d_max']}", {})
         cells.append(", ".join(f"{v:.2f}" for v in longest.get("acceptance", {}).values()) or "-")
         differ = [r.get("prompts_differing_from_greedy", 0 if r["identical_to_greedy"] else None)
