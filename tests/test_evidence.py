@@ -118,7 +118,8 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
 
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
     """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
-    example by example), the training's evaluations as the curve, and no drafting row."""
+    example by example), the training's evaluations as the curve, and the MuToR run's registers as drafters on
+    its first held-out graphs."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(f"""runs_dir: {tmp_path}/runs
 results: {tmp_path}/results.jsonl
@@ -147,7 +148,9 @@ groups:
         assert [h["eval_step"] for h in r["per_checkpoint"]][-2:] == [1, 2]       # the curve
     assert [c["comparison"] for c in report.comparisons(rows)] == ["mutor - next_token"]
     assert "test solve_rate %" in report.runs_table(rows)
-    assert not (tmp_path / "drafting.jsonl").exists()
+    (draft,) = report.load(tmp_path / "drafting.jsonl")
+    assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 4)
+    assert all(k["identical_to_greedy"] for k in draft["drafting"].values())
 
 
 def _row(method: str, seed: int, scores: list[float], losses: list[float]) -> dict:
@@ -220,3 +223,28 @@ def test_only_patterns_match_run_names_or_group_slash_name_in_plan_order():
     assert len(picked) == 2 + 9 and all(n.startswith("rg-maze/") for n in names(picked)[2:])
     assert names(driver.select(runs, ["rg-maze"], ["mutor_s1"])) == ["rg-maze/mutor_s1"]
     assert driver.select(runs, ["rg-maze"], None) == [r for r in runs if r.group["name"] == "rg-maze"]
+
+
+def test_drafting_measures_a_star_graph_run_rendered_as_text_on_its_held_out_graphs(tmp_path):
+    """``--task run``: the run's own held-out graphs (the first ones ``mutor eval --task run`` scores) as prompts,
+    the evaluation's budget (the longest path + eos), lossless in float32."""
+    import drafting
+
+    from mutor.data.star_graph import StarGraphShape, make_examples
+    from mutor.data.star_graph_text import render
+    from mutor.run.cli import main
+    from mutor.testing import byte_tokenizer
+
+    out = tmp_path / "run"
+    assert main(["train", "star_graph/g2-5-cpu", "method=mutor", "model.preset=tiny-llama", "model.tokenizer=byte",
+                 "data.render=text", "data.num_train=32", "data.num_test=8", "data.num_nodes=20", "data.path_len=4",
+                 "training.max_steps=1", "training.eval_strategy=no", "training.report_to=[]",
+                 "--output-dir", str(out), "--quiet"]) == 0
+    res = drafting.measure(out, "run", limit=3, ks=[2, "auto"])
+    tok = byte_tokenizer()
+    test = make_examples(StarGraphShape(degree=2, path_len=4, num_nodes=20), 8, seed=1)      # seed 0's held-out graphs
+    longest = max(len(tok(render(ex)[1], add_special_tokens=False)["input_ids"]) for ex in test)
+    assert res["prompts"] == 3 and res["max_new_tokens"] == longest + 1
+    assert all(r["identical_to_greedy"] for r in res["drafting"].values())
+    with pytest.raises(SystemExit, match="held-out graphs"):
+        drafting.measure(out, "run", limit=3, split="validation")

@@ -35,14 +35,17 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     from mutor.integrations.speculative import DraftLength, DraftStats, generate
     from mutor.methods.mutor import MuToRModel
 
-    base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
-    model = MuToRModel.from_pretrained(ckpt, base=base).eval()
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")
-    bench = get_benchmark(task)
-    examples = load_examples(bench, split, data, limit, model_path=str(ckpt))
-    prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
-    n_new = int(max_new_tokens or bench.template.max_new_tokens)
-    eos = tok.eos_token_id
+    if task == "run":                                  # a synthetic task from the run's recipe: star graphs
+        model, prompts, longest, eos, pad = _star_graph(ckpt, dtype, split, limit)
+    else:
+        base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
+        model = MuToRModel.from_pretrained(ckpt, base=base).eval()
+        bench = get_benchmark(task)
+        examples = load_examples(bench, split, data, limit, model_path=str(ckpt))
+        prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+        longest, eos, pad = bench.template.max_new_tokens, tok.eos_token_id, tok.pad_token_id
+    n_new = int(max_new_tokens or longest)
     d_max = model.mutor_config.d_max
     ks = ks or [*range(1, d_max + 1), "auto"]
 
@@ -50,8 +53,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         return row[:row.index(eos)] if eos in row else row
 
     def greedy(p):
-        return greedy_generate(model.base_model, [p], n_new, pad_id=tok.pad_token_id, eos_id=eos,
-                               prefix_attention=mode)[0]
+        return greedy_generate(model.base_model, [p], n_new, pad_id=pad, eos_id=eos, prefix_attention=mode)[0]
 
     stats = {k: [] for k in ks}
 
@@ -59,7 +61,8 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         drafts = DraftLength(d_max) if k == "auto" else k           # one chooser for all prompts, as in mutor eval
 
         def draft(p):
-            out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=eos, prefix_attention=mode)
+            out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=[] if eos is None else eos,
+                               prefix_attention=mode)
             stats[k].append(st)
             return cut(out[0, len(p):].tolist())
         return draft
@@ -100,6 +103,37 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     return result
 
 
+def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):
+    """``--task run`` on a ``star_graph`` run: ``(model, prompts, max_new_tokens, eos, pad)`` for the first
+    ``limit`` of its held-out graphs (those ``mutor eval --task run`` scores). Rendered as text: the run's
+    tokenizer, up to eos, the evaluation's budget (the longest path + eos); as node ids: the path's nodes."""
+    from mutor.data.star_graph import StarGraphShape, make_examples
+    from mutor.eval.harness import load_model_and_tokenizer
+    from mutor.methods.mutor import MuToRModel
+    from mutor.run.recipe import load_recipe
+    from mutor.utils.devices import resolve_dtype
+
+    path = next((d / "recipe.yaml" for d in (ckpt, ckpt.parent) if (d / "recipe.yaml").is_file()), None)
+    if path is None:
+        raise SystemExit(f"{ckpt}: no recipe.yaml here or in the parent; --task run reads the run's task from it")
+    recipe = load_recipe(path)
+    opts = dict(recipe.data or {})
+    if opts.get("task") != "star_graph" or split != "test":
+        raise SystemExit(f"{ckpt}: --task run measures star_graph runs on their held-out graphs (--split test); "
+                         f"this run's task is {opts.get('task')!r}")
+    shape = StarGraphShape.from_options(opts)
+    test = make_examples(shape, int(opts.get("num_test", 500)), seed=2 * int(opts.get("data_seed", recipe.seed)) + 1)
+    if opts.get("render") != "text":
+        model = MuToRModel.from_pretrained(ckpt, dtype=resolve_dtype(dtype)).eval()
+        return model, [ex.prompt_ids() for ex in test[:limit]], shape.path_len, None, 0
+    from mutor.data.star_graph_text import render
+
+    base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")
+    longest = max(len(tok(render(ex)[1], add_special_tokens=False)["input_ids"]) for ex in test) + 1
+    prompts = [tok(render(ex)[0], add_special_tokens=True)["input_ids"] for ex in test[:limit]]
+    return MuToRModel.from_pretrained(ckpt, base=base).eval(), prompts, longest, tok.eos_token_id, tok.pad_token_id
+
+
 def _code() -> str:
     """The commit of the mutor these numbers were measured with (the driver's row records its own, which
     differs when a drafting.json was measured by hand with newer code)."""
@@ -115,7 +149,8 @@ def _code() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("--task", required=True)
+    ap.add_argument("--task", required=True, help="an evaluation task of mutor eval, or run (a star_graph run "
+                                                  "rendered as text: its held-out graphs)")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", action="append", default=None, help="draft lengths: integers or 'auto' "

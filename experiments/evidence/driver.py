@@ -293,7 +293,7 @@ class Driver:
     def needs_drafting(self, run: Run) -> bool:
         """A MuToR run whose drafting row is missing (the plan's ``drafting`` block; issue 25 item 4)."""
         # not for synthetic tasks yet (eval task "run", star graphs): drafting.py decodes a benchmark's prompts
-        return (bool(self.plan.get("drafting")) and run.method == "mutor" and run.group["eval"]["task"] != "run"
+        return (bool(self.plan.get("drafting")) and run.method == "mutor"
                 and run.key not in done_keys(self.drafting_results))
 
     def drafting(self, run: Run, d: Path, ev: dict) -> Optional[dict]:
@@ -302,7 +302,8 @@ class Driver:
         spec, e = self.plan["drafting"], run.group["eval"]
         f = d / "drafting.json"
         if not f.is_file():
-            cmd = [sys.executable, str(HERE / "drafting.py"), str(d / ev["selected_checkpoint"]), "--task", e["task"],
+            ck = d if ev["selected_checkpoint"] == "final" else d / ev["selected_checkpoint"]
+            cmd = [sys.executable, str(HERE / "drafting.py"), str(ck), "--task", e["task"],
                    "--limit", str(spec.get("limit", 20)), "--dtype", e.get("dtype", "float32"), "--output", str(f)]
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
