@@ -319,11 +319,14 @@ def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
     base = make_model("llama")
     model = MuToRModel(base, MuToRConfig(d_max=3))
     length = spec.DraftLength(3)
-    for seed in (1, 2, 3):
+    tried = []
+    for seed in (1, 2, 3, 4):
         ids = _prompt(seed)
-        got, stats = spec.generate(model, ids, max_new_tokens=6, draft_registers=length, eos_token_id=[])
-        assert torch.equal(got, _greedy(base, ids, 6))
-    assert set(length.cost) >= {9, 5, 4, 3, 1}      # timed once over the three prompts, not once per prompt
+        got, stats = spec.generate(model, ids, max_new_tokens=4, draft_registers=length, eos_token_id=[])
+        assert torch.equal(got, _greedy(base, ids, 4))
+        tried.append(len(length.tried))
+    # at most 3 chosen rounds per prompt: the timing phase (5 drafts, each tried once) goes on across prompts
+    assert tried[0] <= 3 < len(length.candidates) == tried[-1] == 5
 
 
 def _chi2_upper(df: int, z: float = 3.09) -> float:
