@@ -174,13 +174,14 @@ def drafting_table(drafts: list[dict]) -> str:
     if not drafts:
         return ""
     ks = sorted({k for d in drafts for k in d["drafting"]}, key=lambda k: (k == "K=auto", k))
-    head = ["group", "run", "prompts", "dtype", "timing", "greedy tok/s"] + \
+    head = ["group", "run", "prompts", "dtype", "timing", "drafting code", "greedy tok/s"] + \
            [f"{k}: tok/fwd, tok/s, x greedy" for k in ks] + ["acceptance d=2..d_max (longest K)",
                                                               "prompts differing from greedy (most over K)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in drafts:
         cells = [d["group"], d["run"], str(d["prompts"]), d["dtype"],
-                 "interleaved" if d.get("timing") else "one decoder after another", f"{d['greedy']['tokens_per_s']:.1f}"]
+                 "interleaved" if d.get("timing") else "one decoder after another", d.get("drafting_code", d.get("code", "-")),
+                 f"{d['greedy']['tokens_per_s']:.1f}"]
         for k in ks:
             r = d["drafting"].get(k)
             cells.append(f"{r['tokens_per_forward']:.2f}, {r['tokens_per_s']:.1f}, "
@@ -216,8 +217,10 @@ def main(argv=None) -> int:
     if drafts:
         md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
                "the first test prompts, batch size 1, one thread, greedy and drafting in one process, beside the "
-               "training runs; K=1 is plain decoding on the drafting code path, K=auto picks each step's draft length; "
-               "a prompt can differ from greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
+               "training runs; K=1 is plain decoding on the drafting code path, K=auto picks each round's draft length "
+               "and whether registers follow every fed token or the last one only; x greedy is the ratio of tokens per "
+               "second; a run measured again with newer drafting code shows its latest row; a prompt can differ from "
+               "greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
     print(md)
     if args.readme:
         p = Path(args.readme)
