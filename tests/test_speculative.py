@@ -90,11 +90,12 @@ def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accept
     assert stats.tokens_per_forward == pytest.approx(13 / forwards)
 
 
-def test_a_draft_ends_at_its_eos():
-    """A draft is cut after its first eos: the tokens behind it could never be emitted, so they are not fed, and
-    no register follows the eos (keeping it ends decoding). Oracle drafts, K = 4, eos the 6th new token: the
-    prompt's round, one round of 4 tokens, then [x_5, eos] with registers after x_5 only (2 + 3 rows, not
-    4 + 12); the output is greedy's up to the eos."""
+def test_a_draft_stops_before_its_eos():
+    """A draft is cut before its first eos: when the drafts before it are kept, the model's own next token is that
+    eos if the draft was right, so feeding it would only cost a row (and the tokens behind it could never be
+    emitted); no register follows the last fed token, since the draft foresees the end there. Oracle drafts,
+    K = 4, eos the 6th new token: the prompt's round, one round of 4 tokens, then x_5 alone (1 row, not
+    [x_5, eos] + registers), whose next token is the eos; the output is greedy's up to the eos."""
     base = make_model("llama")
     ids = _prompt(5)
     n = ids.shape[1]
@@ -114,8 +115,8 @@ def test_a_draft_ends_at_its_eos():
     base.forward = counting
     got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=4, eos_token_id=eos)
     assert got[0].tolist() == target[:n + 6]
-    assert rows == [n + 3, 4 + 12, 2 + 3]
-    assert (stats.offered, stats.accepted) == ({2: 2, 3: 1, 4: 1}, {2: 2, 3: 1, 4: 1})
+    assert rows == [n + 3, 4 + 12, 1]
+    assert (stats.offered, stats.accepted) == ({2: 1, 3: 1, 4: 1}, {2: 1, 3: 1, 4: 1})
 
 
 class _Always(spec.DraftLength):
@@ -354,24 +355,30 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor, n: int) -> tuple[float, int
     return stat, int(big.sum()) + (1 if rest_exp > 0 else 0) - 1
 
 
-def _draws(model, ids, temperature: float, n: int) -> tuple[torch.Tensor, "spec.DraftStats"]:
-    """(V, V) counts of the first two tokens over ``n`` sampled continuations with drafts, and their stats."""
+def _draws(model, ids, temperature: float, n: int, eos=None) -> tuple[torch.Tensor, "spec.DraftStats"]:
+    """(V, V) counts of the first two tokens over ``n`` sampled continuations with drafts, and their stats
+    (after an ``eos`` first token, the pair (eos, eos))."""
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.long)
     total = spec.DraftStats()
     for _ in range(n):
-        out, st = spec.generate(model, ids, max_new_tokens=3, draft_registers=3, eos_token_id=[], do_sample=True,
+        out, st = spec.generate(model, ids, max_new_tokens=3, draft_registers=3, do_sample=True,
+                                eos_token_id=[] if eos is None else eos,
                                 temperature=temperature, generator=gen)   # 3: a draft for the 2nd token is verified
-        a, b = out[0, ids.shape[1]:ids.shape[1] + 2].tolist()
+        a, b = (out[0, ids.shape[1]:].tolist() + [eos])[:2]
         counts[a, b] += 1
         total.add(st)
     return counts, total
 
 
-def test_speculative_sampling_draws_from_the_models_own_distribution():
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_speculative_sampling_draws_from_the_models_own_distribution(with_eos):
     """Sampling with drafts (accept with min(1, p/q), else the residual): the first two tokens follow the
     model's exact two-token distribution (chi-square at the 0.999 level), while drafts are both kept and
-    rejected; the same samples are refused against the distribution at another temperature (the test has power)."""
+    rejected; the same samples are refused against the distribution at another temperature (the test has power).
+    ``with_eos``: half the drafts are the eos, so drafts end at an eos, which, unlike in greedy decoding, is
+    verified rather than dropped: dropping a draft for its value biases the output (that variant fails here,
+    statistic 101 against the limit 44)."""
     base = make_model("llama")
     model = MuToRModel(base, MuToRConfig(d_max=3))
     ids = _prompt(7, n=5)
@@ -380,6 +387,10 @@ def test_speculative_sampling_draws_from_the_models_own_distribution():
     # the register drafts x_{e+2} from x_<=e: plant the best such draft, the marginal of the second token
     # (close to p after x_{e+1} but not equal, so drafts are both kept and rejected)
     q = exact.sum(0).float()                                                            # (V,)
+    eos = int(q.argmax()) if with_eos else None
+    if with_eos:                                 # decoding stops after an eos first token: its row is one outcome
+        exact[eos, eos], exact[eos, :eos], exact[eos, eos + 1:] = exact[eos].sum(), 0, 0
+        q = 0.5 * q + 0.5 * torch.nn.functional.one_hot(torch.tensor(eos), VOCAB)   # half the drafts an eos
     with torch.no_grad():
         model.register_embeddings.weight.fill_(0.5)
     marker = model.register_embeddings.weight.detach()[0]
@@ -395,7 +406,7 @@ def test_speculative_sampling_draws_from_the_models_own_distribution():
         return out
 
     base.forward = planted
-    counts, total = _draws(model, ids, T, n)
+    counts, total = _draws(model, ids, T, n, eos)
     assert 0.05 < total.accepted.get(2, 0) / total.offered[2] < 0.95      # drafts kept and rejected
     stat, df = _chi2(counts, exact, n)
     assert df >= 10 and stat < _chi2_upper(df), (stat, df)

@@ -23,7 +23,9 @@ more elsewhere (float32 on a CPU costs in steps: 1-3 rows about one, 4-6 about t
 (the default) therefore picks each round's draft length, and whether registers follow every fed token or
 only the last one (fewer rows; a rejected draft then leaves the next round without one), from the recent
 acceptance and the measured cost of a forward by its rows (:class:`DraftLength`), and decodes plainly, one
-token per forward, when no draft pays. A draft ends at its first eos and at ``max_new_tokens``.
+token per forward, when no draft pays. A draft stops before its first eos (when the draft is right, the
+model's own next token is that eos, so feeding it saves nothing) and at ``max_new_tokens``; then no register
+follows its last token.
 
 The cache is a plain ``DynamicCache`` of full layers (sliding windows are applied through the mask on
 position ids, as in training), built here so that no layer evicts entries on its own; after each
@@ -289,9 +291,9 @@ def generate(
         while stats.new_tokens < max_new_tokens:
             k, tail = (K, False) if stats.forwards == 0 else length.choose()   # the prompt's round drafts the longest
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
-            offsets, draft = list(range(2, k + 1)), _until_end(draft[:k - 1], eos, room)
+            (draft, at_eos), offsets = _until_end(draft[:k - 1], eos, room, do_sample), list(range(2, k + 1))
             q = q[:len(draft)] if q is not None and draft else None
-            last = len(draft) >= room or (bool(draft) and draft[-1] in eos)   # keeping every draft ends decoding
+            last = at_eos or len(draft) >= room        # keeping every draft ends decoding (as the draft foresees)
             reg_vec = all_vec[:k - 1] if offsets else None
             t0 = time.perf_counter()
             logits, m, a, ends = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len,
@@ -437,14 +439,16 @@ def _verify_sampled(draft: list[int], q: Optional[torch.Tensor], rows: torch.Ten
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
 
 
-def _until_end(draft: list[int], eos: set[int], room: int) -> list[int]:
-    """``draft`` up to its first eos (included) and at most ``room`` tokens: a draft token that could never be
-    emitted (after an eos, or past ``max_new_tokens``) would only cost rows to verify."""
-    draft = draft[:max(room, 0)]
-    for i, t in enumerate(draft):
+def _until_end(draft: list[int], eos: set[int], room: int, sampled: bool = False) -> tuple[list[int], bool]:
+    """``draft`` up to its first eos and at most ``room`` tokens, and whether it foresaw an eos. Greedy: the eos
+    is cut too, since feeding it saves nothing (when the drafts before it are kept, the model's own next token
+    is that eos if the draft was right). Sampled: the eos stays, since dropping a draft for its value would
+    change the distribution of what is emitted in its place; only the tokens after it go, which could never
+    be emitted (nor any past ``max_new_tokens``)."""
+    for i, t in enumerate(draft[:max(room, 0)]):
         if t in eos:
-            return draft[:i + 1]
-    return draft
+            return draft[:i + sampled], True
+    return draft[:max(room, 0)], False
 
 
 def _emit(new: list[int], out_ids: list[int], stats: DraftStats, max_new_tokens: int, eos: set[int]) -> bool:
