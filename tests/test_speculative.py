@@ -297,6 +297,14 @@ def test_every_draft_is_tried_once_even_when_its_rows_never_come():
     assert length.seconds(16) == pytest.approx(2.0 * 16 / 9) and length.seconds(6) == 2.0
 
 
+def test_a_slow_measurement_of_a_short_forward_is_capped_by_longer_ones():
+    """Fewer rows never cost more: a 1-row forward timed during a load spike costs no more than a 3-row one."""
+    length = spec.DraftLength(2)
+    for rows, sec in ((4, 2.0), (3, 1.1), (1, 5.0)):
+        length.record(rows, sec)
+    assert length.seconds(1) == length.seconds(2) == 1.1 and length.seconds(4) == 2.0
+
+
 def test_draft_length_stops_at_the_first_offset_that_fails():
     length = _length(4, cost=lambda rows: 1.0 + 0.3 * (rows - 1))   # d=2 always right, d=3 always wrong
     picks = [k for k, _ in _rounds(length, 60, kept=lambda k: min(1, k - 1))]

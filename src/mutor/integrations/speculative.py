@@ -101,9 +101,9 @@ class DraftLength:
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent rounds (every count
     discounted by ``memory`` per round, one kept and one rejected draft as prior), so that a repetitive or
     formulaic stretch of text is noticed and an offset left untried drifts back to the prior and is tried
-    again. ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a
-    row count not yet measured costs at most what a measured larger one costs, or, above every measured
-    one, in proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
+    again. ``c(rows)`` is a running average of the measured seconds of a forward with that many rows, capped
+    by what any larger measured one costs (a count not yet measured too), or, above every measured one, in
+    proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
 
     Each round takes the draft with the most tokens per second. Which one wins depends on the machine, not
     only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
@@ -143,11 +143,10 @@ class DraftLength:
         return total, run
 
     def seconds(self, rows: int) -> Optional[float]:
-        """The measured cost of a forward of ``rows`` rows, else the least of a measured larger one's, else the
-        largest measured one's in proportion (None: nothing measured)."""
-        if rows in self.cost:
-            return self.cost[rows]
-        above = [c for r, c in self.cost.items() if r > rows]
+        """The cost of a forward of ``rows`` rows: the least measured cost at that many rows or more (fewer rows
+        never cost more, so one slow measurement of a short forward cannot lock it out), else the largest
+        measured one's in proportion (None: nothing measured)."""
+        above = [c for r, c in self.cost.items() if r >= rows]
         if above:
             return min(above)
         return max(self.cost.items())[1] * rows / max(self.cost) if self.cost else None
