@@ -110,9 +110,9 @@ class DraftLength:
     long full drafts; where matrix products cost in steps of rows (float32 on a CPU: 1-3 rows cost about
     one, 4-6 about two), short tail drafts; where rows cost in proportion, or the registers are poor, K = 1,
     which is plain greedy decoding. Every candidate is tried once at the start (most rows first). While
-    K = 1 wins, the longest tail draft is tried again after ``probe`` rounds (two rounds: one drafts, the
-    next verifies), an interval that doubles (up to ``max_probe``) each time the probe does not change the
-    choice, so that a poor drafter costs a vanishing share of forwards.
+    K = 1 wins, the cheapest draft (K = 2, tail) is tried again after ``probe`` rounds (two rounds: one
+    drafts, the next verifies), an interval that doubles (up to ``max_probe``) each time the probe does not
+    change the choice, so that a poor drafter costs a vanishing share of forwards.
     ``fixed``: always that K, full (no timing)."""
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
@@ -176,7 +176,9 @@ class DraftLength:
         if k > 1:
             self.since_probe, self.probe = 0, self.min_probe
             return k, tail
-        probe = (self.k_max, True)
+        if self.k_max < 2:
+            return 1, False
+        probe = (2, True)                                  # the cheapest draft; longer ones need d = 2 kept first
         if self.verifying:                                 # the probe's draft is verified in the next round
             self.verifying = False
             return probe
