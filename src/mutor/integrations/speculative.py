@@ -98,10 +98,11 @@ class DraftLength:
     With registers after the last token only ("tail", 2K-1 rows) a rejected draft leaves the next round
     without one (it feeds one token and K-1 registers, K rows, for one token), so a tail round and its
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
-    being the chance that the whole draft is kept. ``p_d`` is estimated from recent rounds (every count
-    discounted by ``memory`` per round, one kept and one rejected draft as prior), so that a repetitive or
-    formulaic stretch of text is noticed and an offset left untried drifts back to the prior and is tried
-    again. ``c(rows)`` is a running average of the measured seconds of a forward with that many rows, capped
+    being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
+    discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior), so that a
+    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate (the probes
+    below try it again), so that rounds of plain decoding do not pull a poor drafter back to the prior.
+    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows, capped
     by what any larger measured one costs (a count not yet measured too), or, above every measured one, in
     proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
 
@@ -190,12 +191,9 @@ class DraftLength:
 
     def observe(self, drafted: int, kept: int) -> None:
         """One verification: ``drafted`` drafts were fed, the first ``kept`` of them equal greedy's tokens."""
-        for d in range(2, self.k_max + 1):                 # every round ages every offset's counts, so an
-            self.offered[d] *= self.memory                 # offset not tried for a while drifts back to the prior
-            self.accepted[d] *= self.memory
         for d in range(2, min(drafted, kept + 1) + 2):     # offered: every draft up to the first mismatch
-            self.offered[d] += 1
-            self.accepted[d] += d - 2 < kept
+            self.offered[d] = self.memory * self.offered[d] + 1
+            self.accepted[d] = self.memory * self.accepted[d] + (d - 2 < kept)
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers)."""
