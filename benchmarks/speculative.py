@@ -91,7 +91,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
             lookup: int, dtype: str = "auto", data: str | None = None) -> dict:
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import run_info
-    from mutor.integrations.speculative import DraftLength, DraftStats, generate
+    from mutor.integrations.draft_choice import DraftLength, DraftStats
+    from mutor.integrations.speculative import generate
 
     model, tok = _load(run, dtype)
     base = model.base_model

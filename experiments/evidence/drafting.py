@@ -32,7 +32,8 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     from mutor.data.templates import render_prompt
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
-    from mutor.integrations.speculative import DraftLength, DraftStats, generate
+    from mutor.integrations.draft_choice import DraftLength, DraftStats
+    from mutor.integrations.speculative import generate
     from mutor.methods.mutor import MuToRModel
 
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")

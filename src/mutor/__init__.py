@@ -5,7 +5,8 @@ The public API. The trainers are imported on first use (``MuToRSFTTrainer`` need
 
 from .core.config import MuToRConfig
 from .core.layout import RegisterLayout, build_layout
-from .integrations.speculative import DraftStats, generate
+from .integrations.draft_choice import DraftStats
+from .integrations.speculative import generate
 from .methods.multi_token import MultiTokenConfig, MultiTokenModel
 from .methods.mutor import MuToRModel, MuToROutput
 from .methods.next_token import NextTokenConfig, NextTokenModel

@@ -244,7 +244,8 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
 
     import torch
 
-    from ..integrations.speculative import DraftLength, DraftStats, generate
+    from ..integrations.draft_choice import DraftLength, DraftStats
+    from ..integrations.speculative import generate
     from ..methods.mutor import MuToRModel
 
     if not (Path(model_path) / MuToRModel.config_file).is_file():
