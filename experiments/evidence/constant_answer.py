@@ -1,0 +1,73 @@
+"""The floor a reasoning group's exact match must clear: always giving the training split's most common answer.
+
+A task whose answers are few (a step count, "infeasible") can put a model that learned nothing but the
+answer's prior at a respectable exact match. For every reasoning-gym group of the plan, this rebuilds the
+group's splits (a pure function of its data options), takes the most common training answer, scores it on
+every test item with the task's own verifier, and prints that floor beside each run's test exact match.
+
+    python experiments/evidence/constant_answer.py            # needs reasoning-gym (the [real] extras)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from mutor.data.reasoning_tasks import make_splits, score
+from mutor.run.recipe import load_recipe
+
+HERE = Path(__file__).resolve().parent
+
+
+def floors(plan: Path, group_names=None) -> list[dict]:
+    """Per reasoning-gym group (and pilot tag): its most common training answer and that answer's test EM."""
+    from driver import load_plan   # noqa: E402  (same folder)
+
+    out = []
+    _, runs = load_plan(plan)
+    seen = set()
+    for run in runs:
+        g = run.group
+        if g["eval"]["task"] != "reasoning_gym" or (group_names and g["name"] not in group_names):
+            continue
+        key = (g["name"], run.tag)
+        if key in seen:
+            continue
+        seen.add(key)
+        data = load_recipe(g["recipe"], list(g.get("overrides", [])) + run.overrides).data
+        options = {k: v for k, v in data.items() if k != "task"}
+        splits = make_splits(options)
+        answer, count = Counter(r["answer"] for r in splits["train"]).most_common(1)[0]
+        test = splits["test"][: g["eval"].get("limit")]
+        em = sum(score(answer, ex)["accuracy"] for ex in test) / len(test)
+        out.append({"group": g["name"], "tag": run.tag, "answer": answer,
+                    "train_share": round(100 * count / len(splits["train"]), 1), "test_em": round(em, 1),
+                    "test_n": len(test)})
+    return out
+
+
+def main() -> None:
+    import sys
+
+    sys.path.insert(0, str(HERE))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml")
+    ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
+    ap.add_argument("--group", action="append", default=None)
+    args = ap.parse_args()
+    rows = [json.loads(x) for x in args.results.read_text().splitlines() if x.strip()] if args.results.is_file() else []
+    print("| group | most common training answer (share) | its test EM % | runs' test EM % |")
+    print("|---|---|---|---|")
+    for f in floors(args.plan, args.group):
+        ems = [f"{r['method']} s{r['seed']} {r['splits']['test']['metrics']['accuracy']:.1f}" for r in rows
+               if r["group"] == f["group"] and r["tag"] == f["tag"]]
+        name = f["group"] + (f" ({f['tag']})" if f["tag"] else "")
+        answer = f["answer"] if len(f["answer"]) <= 24 else f["answer"][:20] + " ..."
+        print(f"| {name} | {answer!r} ({f['train_share']} %) | {f['test_em']} (n={f['test_n']}) | "
+              f"{', '.join(ems) or '-'} |")
+
+
+if __name__ == "__main__":
+    main()
