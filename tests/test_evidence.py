@@ -248,3 +248,27 @@ def test_drafting_measures_a_star_graph_run_rendered_as_text_on_its_held_out_gra
     assert all(r["identical_to_greedy"] for r in res["drafting"].values())
     with pytest.raises(SystemExit, match="held-out graphs"):
         drafting.measure(out, "run", limit=3, split="validation")
+
+
+def test_constant_answer_floor_is_the_most_common_training_answers_test_exact_match(tmp_path, monkeypatch):
+    import constant_answer
+
+    p = tmp_path / "plan.yaml"
+    p.write_text("runs_dir: r\nresults: r.jsonl\ngroups:\n  - {name: g, recipe: real/smollm2-135m-reasoning-gym, "
+                 "epochs: 1, steps_per_epoch: 2, overrides: [data.dataset=maze], eval: {task: reasoning_gym, limit: 4},"
+                 " runs: [{method: next_token, seed: 0}, {method: mutor, seed: 0}]}\n"
+                 "  - {name: other, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2, eval: {task: gsm8k},"
+                 " runs: [{method: mutor, seed: 0}]}\n")
+    seen = []
+
+    def splits(options):
+        seen.append(options["dataset"])
+        row = lambda a: {"answer": a}                                        # noqa: E731
+        return {"train": [row("5"), row("6"), row("5")], "validation": [],
+                "test": [row("5"), row("7"), row("5"), row("5"), row("5")]}  # the 5th is beyond the eval limit
+
+    monkeypatch.setattr(constant_answer, "make_splits", splits)
+    monkeypatch.setattr(constant_answer, "score", lambda gen, ex: {"accuracy": 100.0 * (gen == ex["answer"])})
+    [floor] = constant_answer.floors(p)                                      # one per group, gsm8k skipped
+    assert seen == ["maze"]
+    assert floor == {"group": "g", "tag": "", "answer": "5", "train_share": 66.7, "test_em": 75.0, "test_n": 4}
