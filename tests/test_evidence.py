@@ -173,6 +173,18 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
     assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
 
 
+def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
+    rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40) for s in range(3) for m in ("next_token", "mutor")]
+    comps = report.comparisons(rows)
+    group = comps[0]["group"]
+    assert "uninformative" not in report.verdict(comps)
+    marked = report.verdict(comps, {group: "a constant answer scores as well"}).splitlines()
+    assert marked and all(line.endswith("; **uninformative**: a constant answer scores as well") for line in marked)
+    assert "uninformative" not in report.verdict(comps, {"another-group": "x"})
+    shipped = report._uninformative(driver.HERE / "plan.yaml")
+    assert set(shipped) == {"rg-maze", "rg-shortest-path"}
+
+
 def test_runs_table_marks_a_training_cost_with_unrecorded_segments():
     row = {**_row("mutor", 0, [1.0, 0.0], [0.5, 0.6]), "selected_checkpoint": "checkpoint-4",
            "train_ntp_loss_last": 0.1, "train_cpu_seconds": 1800, "peak_rss_gb": 1.0}

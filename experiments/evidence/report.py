@@ -19,6 +19,7 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
@@ -112,8 +113,9 @@ def comparison_table(comps: list[dict]) -> str:
     return "\n".join(out)
 
 
-def verdict(comps: list[dict]) -> str:
-    """One line per comparison and split: better, worse or no difference shown, in words."""
+def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
+    """One line per comparison and split: better, worse or no difference shown, in words; for a group the plan
+    marks ``uninformative`` (its runs learned nothing a comparison could tell apart), the reason after it."""
     lines = []
     for c in comps:
         if c["seeds"] < 3:
@@ -123,8 +125,9 @@ def verdict(comps: list[dict]) -> str:
         else:
             better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
             what = ("better" if better else "worse") + " than next-token beyond 2 s.e."
+        reason = (uninformative or {}).get(c["group"])
         lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {c['mean']:+.3f} "
-                     f"(s.e. {c['se']:.3f}): {what}")
+                     f"(s.e. {c['se']:.3f}): {what}" + (f"; **uninformative**: {reason}" if reason else ""))
     return "\n".join(lines)
 
 
@@ -152,7 +155,7 @@ def plot(comps: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], uninformative: Optional[dict] = None) -> str:
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
@@ -163,7 +166,7 @@ def markdown(rows: list[dict]) -> str:
                      "and seed beside it.")
         return "\n\n".join(parts)
     parts.append("Paired differences against next-token (same seed, same held-out examples):\n\n" + comparison_table(comps))
-    parts.append("Verdict, generated from the rows:\n\n" + verdict(comps))
+    parts.append("Verdict, generated from the rows:\n\n" + verdict(comps, uninformative))
     return "\n\n".join(parts)
 
 
@@ -195,6 +198,15 @@ def drafting_table(drafts: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _uninformative(plan: Path) -> dict:
+    """The plan's ``uninformative`` block: group name -> why its comparison says nothing (found after the fact)."""
+    if not plan.is_file():
+        return {}
+    from mutor.utils.io import yaml_load
+
+    return yaml_load(plan.read_text(), str(plan)).get("uninformative") or {}
+
+
 def replace_between(text: str, body: str) -> str:
     if BEGIN not in text or END not in text:
         raise SystemExit(f"the README has no {BEGIN} ... {END} block")
@@ -204,6 +216,7 @@ def replace_between(text: str, body: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
+    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml", help="its `uninformative` groups are marked")
     ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
     ap.add_argument("--plot", default=None, help="paired differences (PNG)")
     args = ap.parse_args(argv)
@@ -211,7 +224,7 @@ def main(argv=None) -> int:
     if not rows:
         print(f"{args.results}: no rows yet")
         return 0
-    md = markdown(rows)
+    md = markdown(rows, _uninformative(args.plan))
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
