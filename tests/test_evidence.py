@@ -283,4 +283,20 @@ def test_constant_answer_floor_is_the_most_common_training_answers_test_exact_ma
     monkeypatch.setattr(constant_answer, "score", lambda gen, ex: {"accuracy": 100.0 * (gen == ex["answer"])})
     [floor] = constant_answer.floors(p)                                      # one per group, gsm8k skipped
     assert seen == ["maze"]
-    assert floor == {"group": "g", "tag": "", "answer": "5", "train_share": 66.7, "test_em": 75.0, "test_n": 4}
+    assert floor == {"group": "g", "tag": "", "split": "test", "answer": "5", "train_share": 66.7, "test_em": 75.0,
+                     "test_n": 4}
+
+
+def test_constant_answer_floor_of_a_gsm_symbolic_group_covers_both_test_splits(tmp_path, monkeypatch):
+    import constant_answer
+
+    p = tmp_path / "plan.yaml"
+    p.write_text("runs_dir: r\nresults: r.jsonl\ngroups:\n  - {name: m, recipe: real/smollm2-135m-gsm-symbolic, "
+                 "epochs: 1, steps_per_epoch: 2, overrides: [data.num_train=3], eval: {task: gsm_symbolic},"
+                 " runs: [{method: next_token, seed: 0}]}\n")
+    v = lambda x: {"value": x}                                               # noqa: E731
+    splits = {"train": [v("2"), v("2"), v("9")], "validation": [], "test": [v("2"), v("3")],
+              "test_new_templates": [v("4"), v("5")]}
+    monkeypatch.setattr(constant_answer, "gsm_symbolic_splits", lambda n, *a: splits if n == 3 else None)
+    floors = {f["split"]: f["test_em"] for f in constant_answer.floors(p)}
+    assert floors == {"test": 50.0, "test_new_templates": 0.0}

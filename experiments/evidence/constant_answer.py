@@ -1,9 +1,10 @@
 """The floor a reasoning group's exact match must clear: always giving the training split's most common answer.
 
 A task whose answers are few (a step count, "infeasible") can put a model that learned nothing but the
-answer's prior at a respectable exact match. For every reasoning-gym group of the plan, this rebuilds the
-group's splits (a pure function of its data options), takes the most common training answer, scores it on
-every test item with the task's own verifier, and prints that floor beside each run's test exact match.
+answer's prior at a respectable exact match. For every reasoning-gym and gsm_symbolic group of the plan, this
+rebuilds the group's splits (a pure function of its data options), takes the most common training answer, scores
+it on every evaluated test item (reasoning-gym: the task's own verifier; gsm_symbolic: equal to the final value)
+and prints that floor beside each run's test exact match.
 
     python experiments/evidence/constant_answer.py            # needs reasoning-gym (the [real] extras)
 """
@@ -15,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from mutor.data.gsm_symbolic import gsm_symbolic_splits
 from mutor.data.reasoning_tasks import make_splits, score
 from mutor.run.recipe import load_recipe
 
@@ -22,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def floors(plan: Path, group_names=None) -> list[dict]:
-    """Per reasoning-gym group (and pilot tag): its most common training answer and that answer's test EM."""
+    """Per group (and pilot tag) and test split: its most common training answer and that answer's exact match."""
     from driver import load_plan   # noqa: E402  (same folder)
 
     out = []
@@ -30,21 +32,28 @@ def floors(plan: Path, group_names=None) -> list[dict]:
     seen = set()
     for run in runs:
         g = run.group
-        if g["eval"]["task"] != "reasoning_gym" or (group_names and g["name"] not in group_names):
+        task = g["eval"]["task"]
+        if task not in ("reasoning_gym", "gsm_symbolic") or (group_names and g["name"] not in group_names):
             continue
         key = (g["name"], run.tag)
         if key in seen:
             continue
         seen.add(key)
         data = load_recipe(g["recipe"], list(g.get("overrides", [])) + run.overrides).data
-        options = {k: v for k, v in data.items() if k != "task"}
-        splits = make_splits(options)
-        answer, count = Counter(r["answer"] for r in splits["train"]).most_common(1)[0]
-        test = splits["test"][: g["eval"].get("limit")]
-        em = sum(score(answer, ex)["accuracy"] for ex in test) / len(test)
-        out.append({"group": g["name"], "tag": run.tag, "answer": answer,
-                    "train_share": round(100 * count / len(splits["train"]), 1), "test_em": round(em, 1),
-                    "test_n": len(test)})
+        if task == "reasoning_gym":
+            splits, field = make_splits({k: v for k, v in data.items() if k != "task"}), "answer"
+            test_splits, correct = ["test"], lambda answer, ex: score(answer, ex)["accuracy"]
+        else:
+            splits, field = gsm_symbolic_splits(data["num_train"], data["num_validation"], data["num_test"],
+                                                data.get("data_seed", 0), data.get("heldout_every", 5)), "value"
+            test_splits, correct = ["test", "test_new_templates"], lambda answer, ex: 100.0 * (answer == ex["value"])
+        answer, count = Counter(r[field] for r in splits["train"]).most_common(1)[0]
+        for split in test_splits:
+            test = splits[split][: g["eval"].get("limit")]
+            em = sum(correct(answer, ex) for ex in test) / len(test)
+            out.append({"group": g["name"], "tag": run.tag, "split": split, "answer": answer,
+                        "train_share": round(100 * count / len(splits["train"]), 1), "test_em": round(em, 1),
+                        "test_n": len(test)})
     return out
 
 
@@ -61,9 +70,9 @@ def main() -> None:
     print("| group | most common training answer (share) | its test EM % | runs' test EM % |")
     print("|---|---|---|---|")
     for f in floors(args.plan, args.group):
-        ems = [f"{r['method']} s{r['seed']} {r['splits']['test']['metrics']['accuracy']:.1f}" for r in rows
-               if r["group"] == f["group"] and r["tag"] == f["tag"]]
-        name = f["group"] + (f" ({f['tag']})" if f["tag"] else "")
+        ems = [f"{r['method']} s{r['seed']} {r['splits'][f['split']]['metrics']['accuracy']:.1f}" for r in rows
+               if r["group"] == f["group"] and r["tag"] == f["tag"] and f["split"] in r["splits"]]
+        name = f["group"] + (f" ({f['tag']})" if f["tag"] else "") + (f", {f['split']}" if f["split"] != "test" else "")
         answer = f["answer"] if len(f["answer"]) <= 24 else f["answer"][:20] + " ..."
         print(f"| {name} | {answer!r} ({f['train_share']} %) | {f['test_em']} (n={f['test_n']}) | "
               f"{', '.join(ems) or '-'} |")
