@@ -131,7 +131,9 @@ def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
     return "\n".join(lines)
 
 
-def plot(comps: list[dict], path: str) -> None:
+def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> None:
+    """Paired differences per comparison: blue with three seeds, grey with fewer; an uninformative group's
+    label says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,7 +143,8 @@ def plot(comps: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 0.6 * max(4, len(comps) // 2) + 1.5))
     for ax, measure in zip(axes, measures):
         cs = [c for c in comps if c["measure"] == measure]
-        labels = [f"{c['group']}: {c['comparison']} [{c['split']}]" for c in cs]
+        labels = [f"{c['group']}: {c['comparison']} [{c['split']}]"
+                  + (" (uninformative)" if c["group"] in (uninformative or {}) else "") for c in cs]
         for i, c in enumerate(cs):
             ax.errorbar(c["mean"], i, xerr=2 * c["se"], fmt="o", color="C0" if c["seeds"] >= 3 else "0.6", capsize=3)
             for sd, m, _, _ in c["per_seed"]:
@@ -224,7 +227,8 @@ def main(argv=None) -> int:
     if not rows:
         print(f"{args.results}: no rows yet")
         return 0
-    md = markdown(rows, _uninformative(args.plan))
+    marked = _uninformative(args.plan)
+    md = markdown(rows, marked)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
@@ -239,7 +243,7 @@ def main(argv=None) -> int:
         p = Path(args.readme)
         p.write_text(replace_between(p.read_text(), md))
     if args.plot:
-        plot(comparisons(rows), args.plot)
+        plot(comparisons(rows), args.plot, marked)
     return 0
 
 
