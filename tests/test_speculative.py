@@ -126,7 +126,7 @@ class _Always(spec.DraftLength):
         super().__init__(k)
         self.pick = (k, tail)
 
-    def choose(self):
+    def choose(self, drafted=None):
         return self.pick
 
 
@@ -228,73 +228,98 @@ def test_benchmark_runs_on_a_saved_star_graph_model(tmp_path):
     assert "| registers_K3 |" in markdown(res)
 
 
-def _length(k_max: int, cost, **kw) -> "spec.DraftLength":
-    """A chooser through its timing phase, ``cost(rows)`` seconds per forward: every candidate once, most rows first."""
-    length = spec.DraftLength(k_max, **kw)
-    timed = []
-    while len(timed) < len(length.candidates):
-        k, tail = length.choose()
-        rows = length.rows(k, tail)
-        timed.append(rows)
-        length.record(rows, cost(rows))
-    assert timed == sorted(timed, reverse=True) and len(set(timed)) == len(timed)
-    return length
-
-
-def _rounds(length, n: int, kept) -> list[tuple[int, bool]]:
-    """``n`` rounds of choosing and observing, ``kept(k)`` drafts kept of k-1; the choices."""
-    picks = []
+def _decode(length, n: int, cost, kept) -> list[tuple[int, bool]]:
+    """``n`` rounds as ``generate`` runs them, after a prompt round whose registers drafted: each round feeds the
+    pending token, at most k-1 of the pending draft and registers (after each fed token, or the last only),
+    costs ``cost(rows)``; of a draft of n tokens the first ``kept(n)`` are right (fed or not: ``watch`` /
+    ``emitted``, here in one ``observe``). Returns the choices."""
+    picks, draft = [], length.prompt_round() - 1
     for _ in range(n):
-        k, tail = length.choose()
+        k, tail = length.choose(draft)
         picks.append((k, tail))
-        length.observe(drafted=k - 1, kept=kept(k))
+        fed = min(k - 1, draft)
+        if draft:                                                  # fed or not, settled by the decoded tokens
+            length.observe(draft, kept(draft))
+        ends = (1 if tail else 1 + fed) if k > 1 else 0          # tokens followed by k-1 registers
+        rows = 1 + fed + ends * (k - 1)
+        length.record(rows, cost(rows))
+        got = kept(fed) if fed else 0
+        draft = k - 1 if k > 1 and (not tail or got == fed) else 0
     return picks
 
 
-def test_draft_length_switches_drafting_off_when_drafts_are_rejected_and_probes_ever_more_rarely():
-    length = _length(4, cost=lambda rows: 1.0 + 0.5 * (rows - 1))   # rows cost in proportion
-    picks = [k for k, _ in _rounds(length, 200, kept=lambda k: 0)]
-    probes = [i for i, k in enumerate(picks) if k > 1]
-    assert picks.count(1) >= 180                    # plain greedy decoding, apart from a few probes
-    gaps = [b - a for a, b in zip(probes[::2], probes[2::2])]        # a probe is two rounds: draft, verify
-    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+def test_draft_length_switches_drafting_off_when_drafts_are_rejected():
+    length = spec.DraftLength(4)
+    picks = _decode(length, 300, cost=lambda rows: 1.0 + 0.2 * (rows - 1), kept=lambda n: 0)
+    assert length.best() == (1, False) and [k for k, _ in picks].count(1) >= 290
+
+
+def test_probes_back_off_and_take_at_most_their_share_of_the_time():
+    """While drafts are rejected, a probe (the pending token and K_max-1 registers) comes ever more rarely, and
+    never so often that probes cost more than ``probe_share`` of the decoding time."""
+    cost = lambda rows: 1.0 + 0.02 * (rows - 1)                   # cheap rows (bf16-like): probes may be frequent
+    picks = _decode(spec.DraftLength(4, probe_share=1.0), 400, cost, kept=lambda n: 0)   # no floor here
+    probes = [i for i, c in enumerate(picks) if c == (4, True)]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(gaps) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]
+    for share in (0.01, 0.05):
+        cost = lambda rows: 1.0 + 0.5 * (rows > 1)               # one row fast, any more 1.5x (float32-like)
+        length = spec.DraftLength(4, probe_share=share)
+        picks = _decode(length, 2000, cost, kept=lambda n: 0)
+        later = picks[100:]                                        # after the first tries
+        extra = sum(cost(4) - cost(1) for c in later if c == (4, True))     # a probe: 4 rows, not 1
+        assert length.best() == (1, False) and extra <= share * len(later) * cost(1) * 1.1
+
+
+def test_where_no_kept_draft_could_pay_the_registers_stay_out_entirely():
+    """Rows that cost in proportion: no draft pays even if kept whole. After pricing the cheapest draft and one
+    probe, neither probes nor the prompt's registers are fed again."""
+    length = spec.DraftLength(4)
+    picks = _decode(length, 300, cost=lambda rows: float(rows), kept=lambda n: n)
+    assert length.tried == {(1, False), (2, True)}                 # fewest rows first; every larger one ruled out
+    assert all(c == (1, False) for c in picks[50:]) and length.prompt_round() == 1
+
+
+def test_while_plain_decoding_wins_the_prompts_registers_come_on_the_probes_schedule():
+    length = spec.DraftLength(4)
+    _decode(length, 300, cost=lambda rows: 1.0 + 0.5 * (rows > 1), kept=lambda n: 0)
+    assert length.best() == (1, False)
+    length.since_probe = 10 ** 6                                   # a probe is due: this prompt's registers are it
+    assert length.prompt_round() == 4 and length.prompt_round() == 1
 
 
 @pytest.mark.parametrize("cost, expected", [
     (lambda rows: 1.0, (4, False)),                 # extra rows are free: the longest draft, registers everywhere
     (lambda rows: float(rows), (1, False)),         # rows cost in full: no draft pays for its rows
-    (lambda rows: 1.0 + (rows > 3), (2, True)),     # float32 on a CPU: 1-3 rows cost one, more cost two: a
-])                                                  # 2-token tail round (3 rows) beats a full one (4 rows)
+    (lambda rows: 1.0 + (rows > 3), (2, True)),     # 1-3 rows cost one, more cost two: a 2-token tail
+])                                                  # round (3 rows) beats a full one (4 rows)
 def test_draft_length_follows_tokens_per_second_when_every_draft_is_kept(cost, expected):
-    length = _length(4, cost)
-    _rounds(length, 30, kept=lambda k: k - 1)
+    length = spec.DraftLength(4)
+    _decode(length, 60, cost, kept=lambda n: n)
     assert length.best() == expected
 
 
 def test_tail_registers_pay_only_while_drafts_are_kept():
-    """Rows costing as float32 does on a CPU (1-3 rows about one, a little more each; 4 or more two): a tail
-    round of K = 2 (3 rows) beats K = 1 while its draft is kept (2 tokens for 1.2), and loses when every
+    """A tail round of K = 2 (3 rows) beats K = 1 while its draft is kept (2 tokens for 1.2), and loses when every
     draft fails (a drafted round and the draftless round after it, 1.2 + 1.1, for 2 tokens)."""
     cost = lambda rows: 1.0 + 0.1 * (rows - 1) if rows <= 3 else 2.0
     best = {}
     for share in (1, 0):
-        length = _length(2, cost, memory=1.0)
-        _rounds(length, 100, kept=lambda k: min(share, k - 1))
+        length = spec.DraftLength(2, memory=1.0)
+        _decode(length, 100, cost, kept=lambda n: min(share, n))
         best[share] = length.best()
     assert best == {1: (2, True), 0: (1, False)}
 
 
-def test_every_draft_is_tried_once_even_when_its_rows_never_come():
-    """Answers shorter than a draft: a full K = 4 round (16 rows) cut at its eos feeds at most 9 rows. The
-    chooser still tries each draft once, then prices 16 rows in proportion to the largest measured and a
-    smaller unmeasured count at most as the next larger measured one."""
+def test_an_unmeasured_count_is_priced_from_the_measured_ones():
+    """Answers shorter than a draft: a full K = 4 round (16 rows) cut at its eos feeds at most 9 rows. 16 rows are
+    then priced in proportion to the largest measured, a smaller unmeasured count at most as the next larger
+    measured one, and at least as the largest smaller one (the cost an untried draft is tried at)."""
     length = spec.DraftLength(4)
-    tried = []
-    for _ in range(len(length.candidates)):
-        tried.append(length.choose())
-        length.record(min(length.rows(*tried[-1]), 9), 1.0 + (length.rows(*tried[-1]) > 3))
-    assert sorted(tried) == sorted(length.candidates) and length.choose() in length.candidates
+    for rows, sec in ((1, 1.0), (3, 1.2), (9, 2.0)):
+        length.record(rows, sec)
     assert length.seconds(16) == pytest.approx(2.0 * 16 / 9) and length.seconds(6) == 2.0
+    assert length.least_seconds(6) == 1.2 and length.least_seconds(9) == 2.0 and length.least_seconds(16) == 2.0
 
 
 def test_a_slow_measurement_of_a_short_forward_is_capped_by_longer_ones():
@@ -306,9 +331,44 @@ def test_a_slow_measurement_of_a_short_forward_is_capped_by_longer_ones():
 
 
 def test_draft_length_stops_at_the_first_offset_that_fails():
-    length = _length(4, cost=lambda rows: 1.0 + 0.3 * (rows - 1))   # d=2 always right, d=3 always wrong
-    picks = [k for k, _ in _rounds(length, 60, kept=lambda k: min(1, k - 1))]
-    assert picks[10:].count(2) >= 0.8 * len(picks[10:])
+    length = spec.DraftLength(4)
+    picks = [k for k, _ in _decode(length, 60, cost=lambda rows: 1.0 + 0.3 * (rows - 1), kept=lambda n: min(1, n))]
+    assert picks[10:].count(2) >= 0.8 * len(picks[10:])          # d=2 always right, d=3 always wrong
+
+
+def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():
+    length = spec.DraftLength(4, memory=1.0)
+    length.watch([5, 6, 7])
+    length.emitted([5])
+    length.watch([8, 9, 1])                                        # a second draft, one token later
+    length.emitted([6, 8])                                         # first: d=2, 3 kept, d=4 rejected; second: d=2 rejected
+    assert length.offered[2:] == [2, 1, 1] and length.accepted[2:] == [1, 1, 0] and not length.watched
+    length.watch([5, 6, 7])
+    length.emitted([5])
+    length.flush()                                                 # decoding ended: only d=2 was checked
+    assert length.offered[2:] == [3, 1, 1] and length.accepted[2:] == [2, 1, 0]
+
+
+class _Plain(spec.DraftLength):
+    """A chooser that registers after the prompt but never feeds a draft."""
+
+    def choose(self, drafted=None):
+        return 1, False
+
+
+@pytest.mark.parametrize("wrong,offered,accepted", [(None, [1, 1, 1], [1, 1, 1]), (3, [1, 1, 0], [1, 0, 0])])
+def test_the_prompts_draft_is_checked_in_the_shadow_by_plain_rounds(wrong, offered, accepted):
+    base = make_model("llama")
+    ids = _prompt(4)
+    target = _greedy(base, ids, 13)[0].tolist()
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, wrong, K=4)
+    length = _Plain(4)
+    got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=length, eos_token_id=[])
+    assert got[0].tolist() == target and stats.forwards == 13 and stats.offered == {}
+    assert length.offered[2:] == offered and length.accepted[2:] == accepted
 
 
 def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
@@ -328,14 +388,15 @@ def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
     base = make_model("llama")
     model = MuToRModel(base, MuToRConfig(d_max=3))
     length = spec.DraftLength(3)
-    tried = []
+    seen = []
     for seed in (1, 2, 3, 4):
         ids = _prompt(seed)
         got, stats = spec.generate(model, ids, max_new_tokens=4, draft_registers=length, eos_token_id=[])
         assert torch.equal(got, _greedy(base, ids, 4))
-        tried.append(len(length.tried))
-    # at most 3 chosen rounds per prompt: the timing phase (5 drafts, each tried once) goes on across prompts
-    assert tried[0] <= 3 < len(length.candidates) == tried[-1] == 5
+        seen.append((set(length.cost), set(length.tried)))
+    # the first prompt prices a plain round and checks the prompt's draft in the shadow; later prompts go on from there
+    assert 1 in seen[0][0] and length.offered[2] > 0
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seen, seen[1:]))
 
 
 def _chi2_upper(df: int, z: float = 3.09) -> float:

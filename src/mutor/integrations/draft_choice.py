@@ -64,32 +64,44 @@ class DraftLength:
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
     discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior), so that a
-    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate (the probes
-    below try it again), so that rounds of plain decoding do not pull a poor drafter back to the prior.
+    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate.
     ``c(rows)`` is a running average of the measured seconds of a forward with that many rows, capped
     by what any larger measured one costs (a count not yet measured too), or, above every measured one, in
     proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
 
     Each round takes the draft with the most tokens per second. Which one wins depends on the machine, not
     only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
-    long full drafts; where matrix products cost in steps of rows (float32 on a CPU: 1-3 rows cost about
-    one, 4-6 about two), short tail drafts; where rows cost in proportion, or the registers are poor, K = 1,
-    which is plain greedy decoding. Every candidate is tried once at the start (most rows first). While
-    K = 1 wins, the cheapest draft (K = 2, tail) is tried again after ``probe`` rounds (two rounds: one
-    drafts, the next verifies), an interval that doubles (up to ``max_probe``) each time the probe does not
-    change the choice, so that a poor drafter costs a vanishing share of forwards.
+    long full drafts; where a forward of a few rows costs two or three of one row (float32 on a CPU, whose
+    one-row products take a faster path), K = 1, which is plain greedy decoding, unless nearly every draft
+    is kept. Knowing that costs forwards, so the chooser learns it cheaply:
+
+    - Acceptance from the decoded tokens. Every draft the registers make, fed or not (the prompt's round's, a
+      probe's, the offsets beyond what the next round feeds), is checked against the tokens decoded after it
+      (:meth:`watch`, :meth:`emitted`): what verification would count, at no extra rows.
+    - Costs by optimism. A draft not tried yet is tried when it would win at the least it can cost (fewer
+      rows never cost more: the cost of the largest measured forward with no more rows), fewest rows first,
+      so that one slow measured forward rules out every larger draft the acceptance cannot pay for; where the
+      pending draft is too short for it, a round first drafts every offset, so that its rows are measured.
+    - Probes. While a draft shorter than K_max wins (K = 1 included), a round adds registers for every offset
+      after its last fed token every ``probe`` rounds, an interval that doubles (up to ``max_probe``) while
+      the choice stays the same and that is never so short that the probes' extra rows take more than
+      ``probe_share`` of the time (the prompt's registers are such a probe then); where not even a draft
+      kept whole could pay, no register is fed.
+
     ``fixed``: always that K, full (no timing)."""
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
-                 memory: float = 0.85, smoothing: float = 0.3):
+                 memory: float = 0.85, smoothing: float = 0.3, probe_share: float = 0.01):
         self.k_max, self.fixed, self.memory, self.smoothing = k_max, fixed, memory, smoothing
-        self.probe, self.min_probe, self.max_probe = probe, probe, max_probe
+        self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
         self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
         self.accepted = [0.0] * (k_max + 1)
-        self.since_probe, self.verifying = 0, False
+        self.since_probe, self.last_best = 0, (1, False)
         self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
-        self.tried: set[tuple[int, bool]] = set()
+        self.tried: set[tuple[int, bool]] = {(1, False)}
+        self.prepared: set[tuple[int, bool]] = set()       # tried ones whose draft was made for them first
+        self.watched: list[list] = []                      # [draft, tokens of it decoded as drafted so far]
 
     @staticmethod
     def rows(k: int, tail: bool) -> int:
@@ -99,11 +111,12 @@ class DraftLength:
     def expected_tokens(self, k: int) -> float:
         return self._chain(k)[0]
 
-    def _chain(self, k: int) -> tuple[float, float]:
-        """``(E(k), P(k))``: expected tokens of a round with a draft of k-1 tokens, chance all are kept."""
+    def _chain(self, k: int, perfect: bool = False) -> tuple[float, float]:
+        """``(E(k), P(k))``: expected tokens of a round with a draft of k-1 tokens, chance all are kept
+        (``perfect``: as if every draft were kept)."""
         total, run = 1.0, 1.0
         for d in range(2, k + 1):
-            run *= (self.accepted[d] + 1) / (self.offered[d] + 2)
+            run *= 1.0 if perfect else (self.accepted[d] + 1) / (self.offered[d] + 2)
             total += run
         return total, run
 
@@ -116,48 +129,114 @@ class DraftLength:
             return min(above)
         return max(self.cost.items())[1] * rows / max(self.cost) if self.cost else None
 
-    def rate(self, k: int, tail: bool) -> Optional[float]:
-        """Expected tokens per second of the candidate (None: not timed yet)."""
-        c = self.seconds(self.rows(k, tail))
-        if c is None:
+    def least_seconds(self, rows: int) -> float:
+        """The least a forward of ``rows`` rows can cost: its measured cost, else the most any measured forward
+        with fewer rows costs (0 when none is measured)."""
+        if rows in self.cost:
+            return self.seconds(rows)
+        return max((self.seconds(r) for r in self.cost if r < rows), default=0.0)
+
+    def rate(self, k: int, tail: bool, cost=None, perfect: bool = False) -> Optional[float]:
+        """Expected tokens per second of the candidate (None: no cost known), at the costs ``cost(rows)``
+        (default :meth:`seconds`)."""
+        cost = cost or self.seconds
+        c = cost(self.rows(k, tail))
+        if not c:
             return None
-        e, p = self._chain(k)
+        e, p = self._chain(k, perfect)
         if not tail:
             return e / c
-        return (e + 1 - p) / (c + (1 - p) * self.seconds(k))
+        return (e + 1 - p) / (c + (1 - p) * cost(k))
 
     def best(self) -> tuple[int, bool]:
-        return max(self.candidates, key=lambda c: self.rate(*c))
+        """The tried candidate with the most tokens per second."""
+        return max((c for c in self.candidates if c in self.tried), key=lambda c: self.rate(*c) or 0.0)
 
-    def choose(self) -> tuple[int, bool]:
-        """This round's ``(K, tail)``."""
+    def hopeful(self) -> bool:
+        """Whether some draft could beat plain decoding if it were kept whole (at the least it can cost)."""
+        plain = self.rate(1, False)
+        return plain is None or any((self.rate(*c, cost=self.least_seconds, perfect=True) or float("inf")) > plain
+                                    for c in self.candidates[1:])
+
+    def prompt_round(self) -> int:
+        """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
+        ones). While plain decoding wins they are a probe, fed on the probes' schedule."""
+        if self.fixed is not None:
+            return self.fixed
+        if not self.hopeful():
+            return 1
+        if 1 not in self.cost or self.best()[0] > 1:
+            return self.k_max
+        if self.since_probe >= self.interval((1, False)):
+            self.since_probe = 0
+            return self.k_max
+        return 1
+
+    def choose(self, drafted: Optional[int] = None) -> tuple[int, bool]:
+        """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any)."""
         if self.fixed is not None:
             return self.fixed, False
-        untried = sorted((c for c in self.candidates if c not in self.tried), key=lambda c: -self.rows(*c))
-        if untried:
-            self.tried.add(untried[0])
-            return untried[0]
-        k, tail = self.best()
-        if k > 1:
-            self.since_probe, self.probe = 0, self.min_probe
-            return k, tail
-        if self.k_max < 2:
+        if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
             return 1, False
-        probe = (2, True)                                  # the cheapest draft; longer ones need d = 2 kept first
-        if self.verifying:                                 # the probe's draft is verified in the next round
-            self.verifying = False
-            return probe
+        drafted = self.k_max - 1 if drafted is None else drafted
+        best = self.best()
+        top = self.rate(*best)
+        worth = [c for c in self.candidates if c not in self.tried
+                 and (self.rate(*c, cost=self.least_seconds) or float("inf")) > top]
+        if worth:                                          # fewest rows first: its cost bounds the larger ones
+            pick = min(worth, key=lambda c: self.rows(*c))
+            if pick[0] - 1 > drafted and pick not in self.prepared:
+                self.prepared.add(pick)                    # its draft first, so that its round is fed whole
+                return self.k_max, True
+            self.tried.add(pick)
+            return pick
+        if best != self.last_best:
+            self.last_best, self.since_probe, self.probe = best, 0, self.min_probe
         self.since_probe += 1
-        if self.since_probe >= self.probe:                 # probe; back off if it changes nothing
-            self.since_probe, self.probe, self.verifying = 0, min(2 * self.probe, self.max_probe), True
-            return probe
-        return 1, False
+        if best[0] < self.k_max and self.since_probe >= self.interval(best) and self.hopeful():
+            self.since_probe, self.probe = 0, min(2 * self.probe, self.max_probe)
+            return self.k_max, True                        # registers for every offset after the last fed token
+        return best
+
+    def interval(self, best: tuple[int, bool]) -> float:
+        """Rounds between probes: ``probe``, or more where a probe's extra rows would take more than
+        ``probe_share`` of the time (a probe after a plain round feeds 1 token + K_max-1 registers)."""
+        probe_rows = self.k_max if best[0] == 1 else self.rows(self.k_max, True)
+        extra = max(self.seconds(probe_rows) / self.seconds(self.rows(*best)) - 1, 0.0)
+        return max(self.probe, extra / self.probe_share)
 
     def observe(self, drafted: int, kept: int) -> None:
-        """One verification: ``drafted`` drafts were fed, the first ``kept`` of them equal greedy's tokens."""
+        """One verification: of ``drafted`` drafts, the first ``kept`` equal greedy's tokens."""
         for d in range(2, min(drafted, kept + 1) + 2):     # offered: every draft up to the first mismatch
             self.offered[d] = self.memory * self.offered[d] + 1
             self.accepted[d] = self.memory * self.accepted[d] + (d - 2 < kept)
+
+    def watch(self, draft: list[int]) -> None:
+        """The registers' draft for the tokens after the next one, fed or not: :meth:`emitted` settles it."""
+        self.watched.append([list(draft), 0])
+
+    def emitted(self, tokens: list[int]) -> None:
+        """Tokens just decoded, in order: each watched draft is settled as verification would (:meth:`observe`)
+        at its first token that differs, or when all of it has been decoded."""
+        for t in tokens:
+            going = []
+            for w in self.watched:
+                draft, seen = w
+                if t != draft[seen]:
+                    self.observe(len(draft), seen)
+                elif seen + 1 == len(draft):
+                    self.observe(len(draft), len(draft))
+                else:
+                    w[1] += 1
+                    going.append(w)
+            self.watched = going
+
+    def flush(self) -> None:
+        """Decoding ended before the watched drafts were settled: the tokens checked so far count."""
+        for draft, seen in self.watched:
+            if seen:
+                self.observe(seen, seen)
+        self.watched = []
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers)."""

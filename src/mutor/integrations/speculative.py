@@ -19,7 +19,8 @@ follows the model's own sampling distribution exactly.
 
 Whether drafting pays in wall-clock time depends on the registers and on the machine: a forward of K^2 rows
 costs little more than one row where a forward is bound by reading the weights (bf16 on a CPU, a GPU) and
-more elsewhere (float32 on a CPU costs in steps: 1-3 rows about one, 4-6 about two). ``draft_registers="auto"``
+more elsewhere (float32 on a CPU: a one-row product takes a faster path, and 2-16 rows cost two to three
+times one, ``benchmarks/RESULTS.md``). ``draft_registers="auto"``
 (the default) therefore picks each round's draft length, and whether registers follow every fed token or
 only the last one (fewer rows; a rejected draft then leaves the next round without one), from the recent
 acceptance and the measured cost of a forward by its rows (``draft_choice.py``), and decodes plainly, one
@@ -136,7 +137,9 @@ def generate(
     q = None                                                                           # (len(draft), V) when sampling
     try:
         while stats.new_tokens < max_new_tokens:
-            k, tail = (K, False) if stats.forwards == 0 else length.choose()   # the prompt's round drafts the longest
+            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(draft))
+            if draft and not do_sample:                            # fed or not, the decoded tokens settle it
+                length.watch(draft)
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
             (draft, at_eos), offsets = _until_end(draft[:k - 1], eos, room, do_sample), list(range(2, k + 1))
             q = q[:len(draft)] if q is not None and draft else None
@@ -156,8 +159,10 @@ def generate(
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
             stats.tail_rounds += tail
-            length.observe(len(draft), kept)
+            if do_sample:                                          # sampled drafts: kept with probability min(1, p/q)
+                length.observe(len(draft), kept)
             new = draft[:kept] + [nxt]
+            length.emitted(new)
             cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to the newest kept; no registers
             if _emit(new, out_ids, stats, max_new_tokens, eos):    # tokens cut at max_new_tokens / eos leave too
                 cache.crop(-(cache.get_seq_length() - (len(out_ids) - 1)))
@@ -172,6 +177,7 @@ def generate(
                 else:
                     draft = reg.argmax(-1).tolist()
     finally:
+        length.flush()
         base.train(was_training)
     return torch.tensor([out_ids], device=dev), stats
 
