@@ -90,6 +90,9 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     owed = _driver(plan, "--only", "mutor_s0")
     assert "mutor_s0: drafting row written" in owed.stdout and "training" not in owed.stdout
     assert "mutor_s0: row written" not in owed.stdout and len(report.load(tmp_path / "results.jsonl")) == 1
+    redo = _driver(plan, "--redraft")                      # drafting code changed: measured again, a new row
+    assert "mutor_s0: drafting row written (code" in redo.stdout and "training" not in redo.stdout
+    assert "next_token_s0" not in redo.stdout and len(report.load(tmp_path / "drafting.jsonl")) == 2
 
     out = _driver(plan)                                    # next_token_s0 missing, mutor_s0 done
     assert out.returncode == 0, out.stdout + out.stderr

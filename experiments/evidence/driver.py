@@ -296,11 +296,11 @@ class Driver:
         return (bool(self.plan.get("drafting")) and run.method == "mutor"
                 and run.key not in done_keys(self.drafting_results))
 
-    def drafting(self, run: Run, d: Path, ev: dict) -> Optional[dict]:
+    def drafting(self, run: Run, d: Path, ev: dict, f: Optional[Path] = None) -> Optional[dict]:
         """Registers as drafters on the selected checkpoint: ``drafting.py`` (acceptance per offset, tokens/s
         against greedy at batch size 1, on the first ``limit`` test prompts, in the evaluation's dtype)."""
         spec, e = self.plan["drafting"], run.group["eval"]
-        f = d / "drafting.json"
+        f = f or d / "drafting.json"
         if not f.is_file():
             ck = d if ev["selected_checkpoint"] == "final" else d / ev["selected_checkpoint"]
             cmd = [sys.executable, str(HERE / "drafting.py"), str(ck), "--task", e["task"],
@@ -348,6 +348,25 @@ class Driver:
                 self.log(run, f"FAILED: {err}")
         finally:
             lock.unlink(missing_ok=True)
+
+    def redraft(self, runs: list[Run]) -> int:
+        """Drafting rows again, measured with this checkout's code, for the finished MuToR runs whose selected
+        checkpoint is still on disk (after a change to the drafting code; the report keeps a run's latest row)."""
+        rows = {(r["group"], r["run"]): r for r in map(json.loads, filter(str.strip, self.results.read_text().splitlines()))}
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        for run in runs:
+            row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
+            if run.method != "mutor" or row is None or not self.plan.get("drafting"):
+                continue
+            ck = row["selected_checkpoint"]
+            if not (d if ck == "final" else d / ck).is_dir():
+                self.log(run, f"{ck} is not on disk: not measured again")
+                continue
+            out = self.drafting(run, d, {"selected_checkpoint": ck}, d / f"drafting-{commit}.json")
+            if not self.stopping:
+                self.append(out, self.drafting_results)
+                self.log(run, f"drafting row written (code {commit})")
+        return 0
 
     def stop(self, *_) -> None:
         self.stopping = True
@@ -402,6 +421,8 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=None, help="default: the plan's results file")
     ap.add_argument("--commit", action="store_true", help="git-commit the results file after each row")
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
+    ap.add_argument("--redraft", action="store_true",
+                    help="measure drafting again with this code on the finished MuToR runs still on disk, train nothing")
     args = ap.parse_args(argv)
     plan, runs = load_plan(args.plan)
     runs = select(runs, args.group, args.only)
@@ -414,7 +435,7 @@ def main(argv=None) -> int:
                      "partial" if d.exists() else "todo")
             print(f"{r.group['name']:24s} {r.name:28s} {r.steps:5d} steps  {state}")
         return 0
-    return driver.main(runs)
+    return driver.redraft(runs) if args.redraft else driver.main(runs)
 
 
 if __name__ == "__main__":
