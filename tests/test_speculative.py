@@ -322,18 +322,23 @@ def test_an_unmeasured_count_is_priced_from_the_measured_ones():
     assert length.least_seconds(6) == 1.2 and length.least_seconds(9) == 2.0 and length.least_seconds(16) == 2.0
 
 
-def test_a_slow_measurement_of_a_short_forward_is_capped_by_longer_ones():
-    """Fewer rows never cost more: a 1-row forward timed during a load spike costs no more than a 3-row one."""
+def test_measured_costs_need_not_grow_with_the_rows_and_a_load_spike_moves_them_little():
+    """float32 on a CPU: 3 rows can cost more than 4. A count's own measurements decide its cost; a count not
+    measured costs what the cheapest larger one does; one slow measurement weighs as twice the average at most."""
     length = spec.DraftLength(2)
-    for rows, sec in ((4, 2.0), (3, 1.1), (1, 5.0)):
+    for rows, sec in ((4, 2.0), (3, 2.5), (1, 1.0)):
         length.record(rows, sec)
-    assert length.seconds(1) == length.seconds(2) == 1.1 and length.seconds(4) == 2.0
+    assert length.seconds(3) == 2.5 and length.seconds(2) == 2.0 and length.seconds(1) == 1.0
+    length.record(1, 10.0)
+    assert length.seconds(1) == pytest.approx(0.7 * 1.0 + 0.3 * 2.0)
 
 
 def test_draft_length_stops_at_the_first_offset_that_fails():
+    """d=2 always right, d=3 always wrong: a one-token draft. Its first estimates fall just short of the bar; the
+    first probe (after about 90 rounds at these costs: probes stay under 1 % of the time) settles it."""
     length = spec.DraftLength(4)
-    picks = [k for k, _ in _decode(length, 60, cost=lambda rows: 1.0 + 0.3 * (rows - 1), kept=lambda n: min(1, n))]
-    assert picks[10:].count(2) >= 0.8 * len(picks[10:])          # d=2 always right, d=3 always wrong
+    picks = [k for k, _ in _decode(length, 200, cost=lambda rows: 1.0 + 0.3 * (rows - 1), kept=lambda n: min(1, n))]
+    assert picks[100:].count(2) >= 0.95 * len(picks[100:])
 
 
 def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():

@@ -65,11 +65,12 @@ class DraftLength:
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
     discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior), so that a
     repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate.
-    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows, capped
-    by what any larger measured one costs (a count not yet measured too), or, above every measured one, in
-    proportion to the largest (a full round may never be fed whole: answers end, drafts end at eos).
+    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a count not
+    measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
+    proportion (a full round may never be fed whole: answers end, drafts end at eos).
 
-    Each round takes the draft with the most tokens per second. Which one wins depends on the machine, not
+    Each round takes the draft with the most tokens per second, and plain decoding unless a draft beats it by
+    ``margin`` (the model is rough: answers end before a draft's average, costs move with the machine's load). Which one wins depends on the machine, not
     only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
     long full drafts; where a forward of a few rows costs two or three of one row (float32 on a CPU, whose
     one-row products take a faster path), K = 1, which is plain greedy decoding, unless nearly every draft
@@ -77,9 +78,11 @@ class DraftLength:
 
     - Acceptance from the decoded tokens. Every draft the registers make, fed or not (the prompt's round's, a
       probe's, the offsets beyond what the next round feeds), is checked against the tokens decoded after it
-      (:meth:`watch`, :meth:`emitted`): what verification would count, at no extra rows.
-    - Costs by optimism. A draft not tried yet is tried when it would win at the least it can cost (fewer
-      rows never cost more: the cost of the largest measured forward with no more rows), fewest rows first,
+      (:meth:`watch`, :meth:`emitted`): what verification would count, at no extra rows. Only what could be
+      fed counts (a greedy draft ends before its eos), so that a right guess of the end, which saves nothing,
+      does not raise the acceptance.
+    - Costs by optimism. A draft not tried yet is tried when it would win at the least it may cost (more
+      rows seldom cost less: the most a measured forward with fewer rows costs), fewest rows first,
       so that one slow measured forward rules out every larger draft the acceptance cannot pay for; where the
       pending draft is too short for it, a round first drafts every offset, so that its rows are measured.
     - Probes. While a draft shorter than K_max wins (K = 1 included), a round adds registers for every offset
@@ -91,8 +94,8 @@ class DraftLength:
     ``fixed``: always that K, full (no timing)."""
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
-                 memory: float = 0.85, smoothing: float = 0.3, probe_share: float = 0.01):
-        self.k_max, self.fixed, self.memory, self.smoothing = k_max, fixed, memory, smoothing
+                 memory: float = 0.85, smoothing: float = 0.3, probe_share: float = 0.01, margin: float = 0.05):
+        self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
         self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
@@ -121,17 +124,19 @@ class DraftLength:
         return total, run
 
     def seconds(self, rows: int) -> Optional[float]:
-        """The cost of a forward of ``rows`` rows: the least measured cost at that many rows or more (fewer rows
-        never cost more, so one slow measurement of a short forward cannot lock it out), else the largest
-        measured one's in proportion (None: nothing measured)."""
-        above = [c for r, c in self.cost.items() if r >= rows]
+        """The cost of a forward of ``rows`` rows: its measured cost; not measured, the least measured cost at
+        more rows, else the largest measured one's in proportion (None: nothing measured). Measured costs are
+        not assumed to grow with the rows: in float32 on a CPU 2-3 rows can cost more than 4-9."""
+        if rows in self.cost:
+            return self.cost[rows]
+        above = [c for r, c in self.cost.items() if r > rows]
         if above:
             return min(above)
         return max(self.cost.items())[1] * rows / max(self.cost) if self.cost else None
 
     def least_seconds(self, rows: int) -> float:
-        """The least a forward of ``rows`` rows can cost: its measured cost, else the most any measured forward
-        with fewer rows costs (0 when none is measured)."""
+        """What a forward of ``rows`` rows costs at least, by a rough rule (more rows seldom cost less): its
+        measured cost, else the most any measured forward with fewer rows costs (0 when none is measured)."""
         if rows in self.cost:
             return self.seconds(rows)
         return max((self.seconds(r) for r in self.cost if r < rows), default=0.0)
@@ -148,15 +153,19 @@ class DraftLength:
             return e / c
         return (e + 1 - p) / (c + (1 - p) * cost(k))
 
+    def bar(self) -> float:
+        """The rate a draft must beat: plain decoding's, raised by ``margin``."""
+        return (1 + self.margin) * (self.rate(1, False) or 0.0)
+
     def best(self) -> tuple[int, bool]:
-        """The tried candidate with the most tokens per second."""
-        return max((c for c in self.candidates if c in self.tried), key=lambda c: self.rate(*c) or 0.0)
+        """The tried candidate with the most tokens per second; plain decoding unless a draft clears the bar."""
+        k, tail = max((c for c in self.candidates if c in self.tried), key=lambda c: self.rate(*c) or 0.0)
+        return (k, tail) if k == 1 or (self.rate(k, tail) or 0.0) > self.bar() else (1, False)
 
     def hopeful(self) -> bool:
-        """Whether some draft could beat plain decoding if it were kept whole (at the least it can cost)."""
-        plain = self.rate(1, False)
-        return plain is None or any((self.rate(*c, cost=self.least_seconds, perfect=True) or float("inf")) > plain
-                                    for c in self.candidates[1:])
+        """Whether some draft could clear the bar if it were kept whole (at the least it can cost)."""
+        return 1 not in self.cost or any((self.rate(*c, cost=self.least_seconds, perfect=True) or float("inf")) > self.bar()
+                                         for c in self.candidates[1:])
 
     def prompt_round(self) -> int:
         """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
@@ -180,7 +189,7 @@ class DraftLength:
             return 1, False
         drafted = self.k_max - 1 if drafted is None else drafted
         best = self.best()
-        top = self.rate(*best)
+        top = max(self.rate(*best), self.bar())
         worth = [c for c in self.candidates if c not in self.tried
                  and (self.rate(*c, cost=self.least_seconds) or float("inf")) > top]
         if worth:                                          # fewest rows first: its cost bounds the larger ones
@@ -239,6 +248,7 @@ class DraftLength:
         self.watched = []
 
     def record(self, rows: int, seconds: float) -> None:
-        """The measured seconds of a forward of ``rows`` rows (tokens and registers)."""
+        """The measured seconds of a forward of ``rows`` rows (tokens and registers); one measurement moves the
+        running average by at most as much as twice the average would (a load spike is not a new cost)."""
         old = self.cost.get(rows)
-        self.cost[rows] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.cost[rows] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * min(seconds, 2 * old)

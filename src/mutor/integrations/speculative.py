@@ -137,10 +137,11 @@ def generate(
     q = None                                                                           # (len(draft), V) when sampling
     try:
         while stats.new_tokens < max_new_tokens:
-            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(draft))
-            if draft and not do_sample:                            # fed or not, the decoded tokens settle it
-                length.watch(draft)
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
+            usable = _until_end(draft, eos, room, do_sample)[0]    # what of the draft could be fed
+            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable))
+            if usable and not do_sample:                           # fed or not, the decoded tokens settle it
+                length.watch(usable)
             (draft, at_eos), offsets = _until_end(draft[:k - 1], eos, room, do_sample), list(range(2, k + 1))
             q = q[:len(draft)] if q is not None and draft else None
             last = at_eos or len(draft) >= room        # keeping every draft ends decoding (as the draft foresees)
