@@ -126,7 +126,7 @@ class _Always(spec.DraftLength):
         super().__init__(k)
         self.pick = (k, tail)
 
-    def choose(self, drafted=None):
+    def choose(self, drafted=None, first=False):
         return self.pick
 
 
@@ -341,6 +341,22 @@ def test_draft_length_stops_at_the_first_offset_that_fails():
     assert picks[100:].count(2) >= 0.95 * len(picks[100:])
 
 
+def test_the_prompts_drafts_have_their_own_acceptance():
+    """Short answers whose first tokens the prompt's registers miss while later drafts are right (shortest path):
+    the round after the prompt's decodes plainly, later rounds draft."""
+    length = spec.DraftLength(4)
+    length.tried = set(length.candidates)
+    for rows in (1, 3, 4, 5, 7, 9, 16):
+        length.record(rows, 1.0 if rows == 1 else 1.5)
+    for _ in range(10):
+        length.observe(3, 0, first=True)
+        length.observe(3, 3)
+    assert length.choose(3, first=True) == (1, False) and length.choose(3) == (4, False)
+    length.watch([5, 6], first=True)
+    length.emitted([5, 6])
+    assert length.first_accepted[2] > 0 and length.first_offered[4] == 0
+
+
 def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():
     length = spec.DraftLength(4, memory=1.0)
     length.watch([5, 6, 7])
@@ -357,7 +373,7 @@ def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():
 class _Plain(spec.DraftLength):
     """A chooser that registers after the prompt but never feeds a draft."""
 
-    def choose(self, drafted=None):
+    def choose(self, drafted=None, first=False):
         return 1, False
 
 
@@ -373,7 +389,7 @@ def test_the_prompts_draft_is_checked_in_the_shadow_by_plain_rounds(wrong, offer
     length = _Plain(4)
     got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=length, eos_token_id=[])
     assert got[0].tolist() == target and stats.forwards == 13 and stats.offered == {}
-    assert length.offered[2:] == offered and length.accepted[2:] == accepted
+    assert length.first_offered[2:] == offered and length.first_accepted[2:] == accepted
 
 
 def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
@@ -400,7 +416,7 @@ def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
         assert torch.equal(got, _greedy(base, ids, 4))
         seen.append((set(length.cost), set(length.tried)))
     # the first prompt prices a plain round and checks the prompt's draft in the shadow; later prompts go on from there
-    assert 1 in seen[0][0] and length.offered[2] > 0
+    assert 1 in seen[0][0] and length.first_offered[2] > 0
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seen, seen[1:]))
 
 

@@ -64,7 +64,9 @@ class DraftLength:
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
     discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior), so that a
-    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate.
+    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate. The drafts
+    of the prompt's registers (the answer's first tokens: a star graph's hard first hop, a short answer's
+    first word) are counted apart and decide the round after the prompt's alone.
     ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a count not
     measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
     proportion (a full round may never be fed whole: answers end, drafts end at eos).
@@ -100,11 +102,13 @@ class DraftLength:
         self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
         self.accepted = [0.0] * (k_max + 1)
+        self.first_offered = [0.0] * (k_max + 1)           # the same for the prompt's drafts (the answer's start)
+        self.first_accepted = [0.0] * (k_max + 1)
         self.since_probe, self.last_best = 0, (1, False)
         self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
         self.tried: set[tuple[int, bool]] = {(1, False)}
         self.prepared: set[tuple[int, bool]] = set()       # tried ones whose draft was made for them first
-        self.watched: list[list] = []                      # [draft, tokens of it decoded as drafted so far]
+        self.watched: list[list] = []                      # [draft, tokens of it decoded as drafted so far, first]
 
     @staticmethod
     def rows(k: int, tail: bool) -> int:
@@ -114,12 +118,13 @@ class DraftLength:
     def expected_tokens(self, k: int) -> float:
         return self._chain(k)[0]
 
-    def _chain(self, k: int, perfect: bool = False) -> tuple[float, float]:
+    def _chain(self, k: int, perfect: bool = False, first: bool = False) -> tuple[float, float]:
         """``(E(k), P(k))``: expected tokens of a round with a draft of k-1 tokens, chance all are kept
-        (``perfect``: as if every draft were kept)."""
+        (``perfect``: as if every draft were kept; ``first``: a draft of the prompt's registers)."""
+        offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
         total, run = 1.0, 1.0
         for d in range(2, k + 1):
-            run *= 1.0 if perfect else (self.accepted[d] + 1) / (self.offered[d] + 2)
+            run *= 1.0 if perfect else (accepted[d] + 1) / (offered[d] + 2)
             total += run
         return total, run
 
@@ -141,14 +146,14 @@ class DraftLength:
             return self.seconds(rows)
         return max((self.seconds(r) for r in self.cost if r < rows), default=0.0)
 
-    def rate(self, k: int, tail: bool, cost=None, perfect: bool = False) -> Optional[float]:
+    def rate(self, k: int, tail: bool, cost=None, perfect: bool = False, first: bool = False) -> Optional[float]:
         """Expected tokens per second of the candidate (None: no cost known), at the costs ``cost(rows)``
         (default :meth:`seconds`)."""
         cost = cost or self.seconds
         c = cost(self.rows(k, tail))
         if not c:
             return None
-        e, p = self._chain(k, perfect)
+        e, p = self._chain(k, perfect, first)
         if not tail:
             return e / c
         return (e + 1 - p) / (c + (1 - p) * cost(k))
@@ -157,10 +162,11 @@ class DraftLength:
         """The rate a draft must beat: plain decoding's, raised by ``margin``."""
         return (1 + self.margin) * (self.rate(1, False) or 0.0)
 
-    def best(self) -> tuple[int, bool]:
+    def best(self, first: bool = False) -> tuple[int, bool]:
         """The tried candidate with the most tokens per second; plain decoding unless a draft clears the bar."""
-        k, tail = max((c for c in self.candidates if c in self.tried), key=lambda c: self.rate(*c) or 0.0)
-        return (k, tail) if k == 1 or (self.rate(k, tail) or 0.0) > self.bar() else (1, False)
+        rate = lambda c: self.rate(*c, first=first) or 0.0
+        k, tail = max((c for c in self.candidates if c in self.tried), key=rate)
+        return (k, tail) if k == 1 or rate((k, tail)) > self.bar() else (1, False)
 
     def hopeful(self) -> bool:
         """Whether some draft could clear the bar if it were kept whole (at the least it can cost)."""
@@ -174,19 +180,22 @@ class DraftLength:
             return self.fixed
         if not self.hopeful():
             return 1
-        if 1 not in self.cost or self.best()[0] > 1:
+        if 1 not in self.cost or self.best()[0] > 1 or self.best(first=True)[0] > 1:
             return self.k_max
         if self.since_probe >= self.interval((1, False)):
             self.since_probe = 0
             return self.k_max
         return 1
 
-    def choose(self, drafted: Optional[int] = None) -> tuple[int, bool]:
-        """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any)."""
+    def choose(self, drafted: Optional[int] = None, first: bool = False) -> tuple[int, bool]:
+        """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
+        ``first``: the round after the prompt's, whose draft the prompt's registers made."""
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
             return 1, False
+        if first:                                          # the answer's start has its own acceptance
+            return self.best(first=True) if drafted else (1, False)
         drafted = self.k_max - 1 if drafted is None else drafted
         best = self.best()
         top = max(self.rate(*best), self.bar())
@@ -214,15 +223,18 @@ class DraftLength:
         extra = max(self.seconds(probe_rows) / self.seconds(self.rows(*best)) - 1, 0.0)
         return max(self.probe, extra / self.probe_share)
 
-    def observe(self, drafted: int, kept: int) -> None:
-        """One verification: of ``drafted`` drafts, the first ``kept`` equal greedy's tokens."""
+    def observe(self, drafted: int, kept: int, first: bool = False) -> None:
+        """One verification: of ``drafted`` drafts, the first ``kept`` equal greedy's tokens (``first``: the
+        prompt's registers drafted them)."""
+        offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
         for d in range(2, min(drafted, kept + 1) + 2):     # offered: every draft up to the first mismatch
-            self.offered[d] = self.memory * self.offered[d] + 1
-            self.accepted[d] = self.memory * self.accepted[d] + (d - 2 < kept)
+            offered[d] = self.memory * offered[d] + 1
+            accepted[d] = self.memory * accepted[d] + (d - 2 < kept)
 
-    def watch(self, draft: list[int]) -> None:
-        """The registers' draft for the tokens after the next one, fed or not: :meth:`emitted` settles it."""
-        self.watched.append([list(draft), 0])
+    def watch(self, draft: list[int], first: bool = False) -> None:
+        """The registers' draft for the tokens after the next one, fed or not: :meth:`emitted` settles it
+        (``first``: the prompt's registers made it)."""
+        self.watched.append([list(draft), 0, first])
 
     def emitted(self, tokens: list[int]) -> None:
         """Tokens just decoded, in order: each watched draft is settled as verification would (:meth:`observe`)
@@ -230,11 +242,11 @@ class DraftLength:
         for t in tokens:
             going = []
             for w in self.watched:
-                draft, seen = w
+                draft, seen, first = w
                 if t != draft[seen]:
-                    self.observe(len(draft), seen)
+                    self.observe(len(draft), seen, first)
                 elif seen + 1 == len(draft):
-                    self.observe(len(draft), len(draft))
+                    self.observe(len(draft), len(draft), first)
                 else:
                     w[1] += 1
                     going.append(w)
@@ -242,9 +254,9 @@ class DraftLength:
 
     def flush(self) -> None:
         """Decoding ended before the watched drafts were settled: the tokens checked so far count."""
-        for draft, seen in self.watched:
+        for draft, seen, first in self.watched:
             if seen:
-                self.observe(seen, seen)
+                self.observe(seen, seen, first)
         self.watched = []
 
     def record(self, rows: int, seconds: float) -> None:

@@ -139,9 +139,10 @@ def generate(
         while stats.new_tokens < max_new_tokens:
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
             usable = _until_end(draft, eos, room, do_sample)[0]    # what of the draft could be fed
-            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable))
+            first = stats.forwards == 1                            # the draft is the prompt's registers'
+            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable), first)
             if usable and not do_sample:                           # fed or not, the decoded tokens settle it
-                length.watch(usable)
+                length.watch(usable, first)
             (draft, at_eos), offsets = _until_end(draft[:k - 1], eos, room, do_sample), list(range(2, k + 1))
             q = q[:len(draft)] if q is not None and draft else None
             last = at_eos or len(draft) >= room        # keeping every draft ends decoding (as the draft foresees)
@@ -161,7 +162,7 @@ def generate(
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
             stats.tail_rounds += tail
             if do_sample:                                          # sampled drafts: kept with probability min(1, p/q)
-                length.observe(len(draft), kept)
+                length.observe(len(draft), kept, first)
             new = draft[:kept] + [nxt]
             length.emitted(new)
             cache.crop(-(logits.shape[0] - kept - 1))              # keep regular tokens up to the newest kept; no registers
