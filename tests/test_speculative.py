@@ -126,7 +126,7 @@ class _Always(spec.DraftLength):
         super().__init__(k)
         self.pick = (k, tail)
 
-    def choose(self, drafted=None, first=False):
+    def choose(self, drafted=None, first=False, ends=False):
         return self.pick
 
 
@@ -357,6 +357,22 @@ def test_the_prompts_drafts_have_their_own_acceptance():
     assert length.first_accepted[2] > 0 and length.first_offered[4] == 0
 
 
+def test_a_draft_that_reaches_the_end_is_fed_only_where_this_round_pays():
+    """The last round of a short answer: no register follows, no draft is made; fed j drafts cost 1 + j rows.
+    float32-like costs (2-3 rows dearer than 4) and drafts right 80 % of the time: 2 rows for 1.8 tokens
+    pays at 1.2, not at 1.9; a draft that does not reach the end is still priced as usual."""
+    for c2, expected in ((1.2, (2, True)), (1.9, (1, False))):
+        length = spec.DraftLength(4)
+        length.tried = set(length.candidates)
+        for rows, sec in ((1, 1.0), (2, c2), (3, 2.0), (4, 1.5)):
+            length.record(rows, sec)
+        for _ in range(10):
+            length.observe(1, 1)
+            length.observe(1, 0) if _ % 5 == 0 else None
+        assert length.choose(1, ends=True) == expected
+    assert length.choose(1) != (1, False)                          # (2, False): 4 rows at 1.5 for 1.8 tokens
+
+
 def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():
     length = spec.DraftLength(4, memory=1.0)
     length.watch([5, 6, 7])
@@ -373,7 +389,7 @@ def test_watched_drafts_are_settled_by_the_tokens_decoded_after_them():
 class _Plain(spec.DraftLength):
     """A chooser that registers after the prompt but never feeds a draft."""
 
-    def choose(self, drafted=None, first=False):
+    def choose(self, drafted=None, first=False, ends=False):
         return 1, False
 
 

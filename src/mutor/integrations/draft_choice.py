@@ -187,13 +187,16 @@ class DraftLength:
             return self.k_max
         return 1
 
-    def choose(self, drafted: Optional[int] = None, first: bool = False) -> tuple[int, bool]:
+    def choose(self, drafted: Optional[int] = None, first: bool = False, ends: bool = False) -> tuple[int, bool]:
         """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
-        ``first``: the round after the prompt's, whose draft the prompt's registers made."""
+        ``first``: the round after the prompt's, whose draft the prompt's registers made; ``ends``: the draft
+        reaches the answer's end (its eos, ``max_new_tokens``)."""
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
             return 1, False
+        if ends and drafted:
+            return self.last_round(drafted, first)
         if first:                                          # the answer's start has its own acceptance
             return self.best(first=True) if drafted else (1, False)
         drafted = self.k_max - 1 if drafted is None else drafted
@@ -215,6 +218,15 @@ class DraftLength:
             self.since_probe, self.probe = 0, min(2 * self.probe, self.max_probe)
             return self.k_max, True                        # registers for every offset after the last fed token
         return best
+
+    def last_round(self, drafted: int, first: bool = False) -> tuple[int, bool]:
+        """A draft that reaches the answer's end: fed whole, its round needs no register and makes no draft, so
+        only this round counts: j drafted tokens and the pending one, 1 + j rows, for ``E(j + 1)`` tokens,
+        against plain decoding's rate raised by ``margin``. Returns ``(j + 1, True)`` or ``(1, False)``."""
+        rates = {j: self._chain(j + 1, first=first)[0] / (self.seconds(1 + j) or float("inf"))
+                 for j in range(1, min(drafted, self.k_max - 1) + 1)}
+        j = max(rates, key=rates.get)
+        return (j + 1, True) if rates[j] > self.bar() else (1, False)
 
     def interval(self, best: tuple[int, bool]) -> float:
         """Rounds between probes: ``probe``, or more where a probe's extra rows would take more than

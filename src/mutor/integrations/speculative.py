@@ -138,9 +138,10 @@ def generate(
     try:
         while stats.new_tokens < max_new_tokens:
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
-            usable = _until_end(draft, eos, room, do_sample)[0]    # what of the draft could be fed
+            usable, at_eos = _until_end(draft, eos, room, do_sample)   # what of the draft could be fed
             first = stats.forwards == 1                            # the draft is the prompt's registers'
-            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable), first)
+            ends = at_eos or len(usable) >= room                   # kept whole, it ends decoding
+            k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable), first, ends)
             if usable and not do_sample:                           # fed or not, the decoded tokens settle it
                 length.watch(usable, first)
             (draft, at_eos), offsets = _until_end(draft[:k - 1], eos, room, do_sample), list(range(2, k + 1))
