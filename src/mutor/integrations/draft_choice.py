@@ -63,8 +63,9 @@ class DraftLength:
     without one (it feeds one token and K-1 registers, K rows, for one token), so a tail round and its
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
-    discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior), so that a
-    repetitive or formulaic stretch of text is noticed; an offset not offered keeps its estimate. The drafts
+    discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior; 0 until it has
+    been checked once), so that a repetitive or formulaic stretch of text is noticed; an offset not offered
+    keeps its estimate. The drafts
     of the prompt's registers (the answer's first tokens: a star graph's hard first hop, a short answer's
     first word) are counted apart and decide the round after the prompt's alone.
     ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a count not
@@ -123,8 +124,8 @@ class DraftLength:
         (``perfect``: as if every draft were kept; ``first``: a draft of the prompt's registers)."""
         offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
         total, run = 1.0, 1.0
-        for d in range(2, k + 1):
-            run *= 1.0 if perfect else (accepted[d] + 1) / (offered[d] + 2)
+        for d in range(2, k + 1):                          # an offset never checked is worth nothing yet
+            run *= 1.0 if perfect else (accepted[d] + 1) / (offered[d] + 2) if offered[d] else 0.0
             total += run
         return total, run
 
@@ -195,15 +196,14 @@ class DraftLength:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
             return 1, False
-        if ends and drafted:
-            return self.last_round(drafted, first)
-        if first:                                          # the answer's start has its own acceptance
-            return self.best(first=True) if drafted else (1, False)
+        if ends:                                           # nothing drafted: the registers foresee the end
+            return self.last_round(drafted, first) if drafted else (1, False)
         drafted = self.k_max - 1 if drafted is None else drafted
-        best = self.best()
-        top = max(self.rate(*best), self.bar())
+        best = self.best(first)                            # the answer's start has its own acceptance
+        top = max(self.rate(*best, first=first), self.bar())
         worth = [c for c in self.candidates if c not in self.tried
-                 and (self.rate(*c, cost=self.least_seconds) or float("inf")) > top]
+                 and (self.rate(*c, cost=self.least_seconds, first=first) or float("inf")) > top
+                 and (not first or c[0] - 1 <= drafted)]  # the prompt's draft is all the first round has
         if worth:                                          # fewest rows first: its cost bounds the larger ones
             pick = min(worth, key=lambda c: self.rows(*c))
             if pick[0] - 1 > drafted and pick not in self.prepared:
@@ -211,6 +211,8 @@ class DraftLength:
                 return self.k_max, True
             self.tried.add(pick)
             return pick
+        if first:
+            return best if drafted else (1, False)
         if best != self.last_best:
             self.last_best, self.since_probe, self.probe = best, 0, self.min_probe
         self.since_probe += 1
@@ -232,7 +234,9 @@ class DraftLength:
         """Rounds between probes: ``probe``, or more where a probe's extra rows would take more than
         ``probe_share`` of the time (a probe after a plain round feeds 1 token + K_max-1 registers)."""
         probe_rows = self.k_max if best[0] == 1 else self.rows(self.k_max, True)
-        extra = max(self.seconds(probe_rows) / self.seconds(self.rows(*best)) - 1, 0.0)
+        known = any(r >= probe_rows for r in self.cost)   # else priced as the largest measured forward
+        c = self.seconds(probe_rows) if known else self.cost[max(self.cost)]
+        extra = max(c / self.seconds(self.rows(*best)) - 1, 0.0)
         return max(self.probe, extra / self.probe_share)
 
     def observe(self, drafted: int, kept: int, first: bool = False) -> None:
