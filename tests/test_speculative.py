@@ -70,19 +70,26 @@ def _planted(model: MuToRModel, target: list[int], wrong_offset: int | None, K: 
     base.forward = fake
 
 
+def _oracle(new: int, wrong: int | None = None, seed: int = 4):
+    """A llama-family MuToR model (d_max=4) whose registers draft the greedy continuation (``_planted``, offset
+    ``wrong`` wrong); returns ``(base, prompt ids, prompt + the new greedy tokens, model)``."""
+    base = make_model("llama")
+    ids = _prompt(seed)
+    target = _greedy(base, ids, new)[0].tolist()
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    _planted(model, target, wrong, K=4)
+    return base, ids, target, model
+
+
 @pytest.mark.parametrize("wrong,forwards,offered,accepted", [
     (None, 4, {2: 3, 3: 3, 4: 3}, {2: 3, 3: 3, 4: 3}),     # oracle drafts: 1 token, then 4 per forward
     (3, 7, {2: 6, 3: 5}, {2: 6}),                           # d=3 always wrong: 2 tokens per forward, d=4 never
     (2, 13, {2: 11}, {}),                                   # reached; d=2 wrong: plain greedy speed. The last round
 ])                                                          # drafts no token past max_new_tokens (room for 1, 0)
 def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accepted):
-    base = make_model("llama")
-    ids = _prompt(4)
-    target = _greedy(base, ids, 13)[0].tolist()                  # prompt + the 13 greedy tokens
-    model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    _planted(model, target, wrong, K=4)
+    base, ids, target, model = _oracle(13, wrong)                  # target: prompt + the 13 greedy tokens
     assert 0 not in target[ids.shape[1]:]                          # the planted wrong token is never right
     got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=4, eos_token_id=[])
     assert got[0].tolist() == target
@@ -96,16 +103,10 @@ def test_a_draft_stops_before_its_eos():
     emitted); no register follows the last fed token, since the draft foresees the end there. Oracle drafts,
     K = 4, eos the 6th new token: the prompt's round, one round of 4 tokens, then x_5 alone (1 row, not
     [x_5, eos] + registers), whose next token is the eos; the output is greedy's up to the eos."""
-    base = make_model("llama")
-    ids = _prompt(5)
+    base, ids, target, model = _oracle(13, seed=5)
     n = ids.shape[1]
-    target = _greedy(base, ids, 13)[0].tolist()
     eos = target[n + 5]
     assert eos not in target[n:n + 5]
-    model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    _planted(model, target, None, K=4)
     rows, planted = [], base.forward
 
     def counting(*args, inputs_embeds=None, **kw):
@@ -135,13 +136,7 @@ class _Always(spec.DraftLength):
     (3, [7, 4, 7, 4, 7, 4, 3, 1]),      # d=3 wrong: a round keeps 1 draft, and the next has none (1 token + 3
 ])                                      # registers); then room for 2 (no register) and for 0
 def test_tail_rounds_are_lossless_and_feed_registers_after_the_last_token_only(wrong, rows):
-    base = make_model("llama")
-    ids = _prompt(4)
-    target = _greedy(base, ids, 13)[0].tolist()
-    model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    _planted(model, target, wrong, K=4)
+    base, ids, target, model = _oracle(13, wrong)
     fed, planted = [], base.forward
 
     def counting(*args, inputs_embeds=None, **kw):
@@ -395,13 +390,7 @@ class _Plain(spec.DraftLength):
 
 @pytest.mark.parametrize("wrong,offered,accepted", [(None, [1, 1, 1], [1, 1, 1]), (3, [1, 1, 0], [1, 0, 0])])
 def test_the_prompts_draft_is_checked_in_the_shadow_by_plain_rounds(wrong, offered, accepted):
-    base = make_model("llama")
-    ids = _prompt(4)
-    target = _greedy(base, ids, 13)[0].tolist()
-    model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    _planted(model, target, wrong, K=4)
+    base, ids, target, model = _oracle(13, wrong)
     length = _Plain(4)
     got, stats = spec.generate(model, ids, max_new_tokens=13, draft_registers=length, eos_token_id=[])
     assert got[0].tolist() == target and stats.forwards == 13 and stats.offered == {}
@@ -409,13 +398,7 @@ def test_the_prompts_draft_is_checked_in_the_shadow_by_plain_rounds(wrong, offer
 
 
 def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
-    base = make_model("llama")
-    ids = _prompt(4)
-    target = _greedy(base, ids, 40)[0].tolist()
-    model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    _planted(model, target, None, K=4)
+    base, ids, target, model = _oracle(40)
     got, stats = spec.generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
     assert got[0].tolist() == target
     assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 40
