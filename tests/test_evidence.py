@@ -122,7 +122,11 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
     """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
     example by example), the training's evaluations as the curve, and the MuToR run's registers as drafters on
-    its first held-out graphs."""
+    its first held-out graphs; with ``sources: [path_star]`` (where reasoning-gym is installed) the final model on
+    reasoning-gym's graphs too, as a second split."""
+    import importlib.util
+
+    rg = importlib.util.find_spec("reasoning_gym") is not None
     plan = tmp_path / "plan.yaml"
     plan.write_text(f"""runs_dir: {tmp_path}/runs
 results: {tmp_path}/results.jsonl
@@ -137,7 +141,7 @@ groups:
     runs:
       - {{method: next_token, seed: 0}}
       - {{method: mutor, seed: 0}}
-    eval: {{task: run}}
+    eval: {{task: run{", sources: [path_star]" if rg else ""}}}
 """)
     res = _driver(plan)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -149,7 +153,11 @@ groups:
         assert len(test["per_example"]) == 8 and set(test["per_example"]) <= {0, 1}
         assert sum(test["per_example"]) / 8 == test["metrics"]["solve_rate"]
         assert [h["eval_step"] for h in r["per_checkpoint"]][-2:] == [1, 2]       # the curve
-    assert [c["comparison"] for c in report.comparisons(rows)] == ["mutor - next_token"]
+        if rg:
+            other = r["splits"]["path_star"]
+            assert other["n"] == 8 and len(other["per_example"]) == 8 and set(other["per_example"]) <= {0, 1}
+    assert [(c["comparison"], c["split"]) for c in report.comparisons(rows)] == \
+        [("mutor - next_token", s) for s in (["path_star", "test"] if rg else ["test"])]
     assert "test solve_rate %" in report.runs_table(rows)
     (draft,) = report.load(tmp_path / "drafting.jsonl")
     assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 4)

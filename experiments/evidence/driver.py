@@ -244,10 +244,19 @@ class Driver:
             cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
             res = self.stage(run, d, "evaluating the final model", cmd)
             (d / "eval_seconds.json").write_text(json.dumps(res))
+        other = {}
+        for source in e.get("sources", []):                # e.g. path_star: reasoning-gym's graphs, relabelled
+            extra = out / "final" / source
+            if not (extra / "summary.json").is_file():
+                cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--source", source,
+                       "--output-dir", str(extra), "--quiet"]
+                cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
+                self.stage(run, d, f"evaluating the final model on {source}", cmd)
+            other[source] = {"summary": str(extra / "summary.json")}
         curve = json.loads((d / "summary.json").read_text()).get("eval_history", [])
         return {**json.loads((test / "summary.json").read_text()), "split": "test", "selected_checkpoint": "final",
                 "selection": "the final model (curve: the evaluations during training)", "per_checkpoint": curve,
-                "eval_dir": str(out)}
+                "eval_dir": str(out), "other_splits": other}
 
     def answer_loss(self, run: Run, d: Path) -> dict:
         n = run.group["eval"].get("answer_loss")
@@ -292,7 +301,6 @@ class Driver:
 
     def needs_drafting(self, run: Run) -> bool:
         """A MuToR run whose drafting row is missing (the plan's ``drafting`` block; issue 25 item 4)."""
-        # not for synthetic tasks yet (eval task "run", star graphs): drafting.py decodes a benchmark's prompts
         return (bool(self.plan.get("drafting")) and run.method == "mutor"
                 and run.key not in done_keys(self.drafting_results))
 
