@@ -1,0 +1,186 @@
+"""Register drafting replayed offline: a draft chooser's decisions and seconds on recorded traces, no model.
+
+Greedy drafting is deterministic given two things: the greedy answer ``y`` and, after every token, the
+registers' draft of the tokens after the next one. Both come from ONE teacher-forced forward per prompt
+(:func:`record`: the prompt, then the answer as one long draft, with registers after every token, which is
+what ``speculative.generate`` computes round by round). :func:`replay` then runs ``generate``'s rounds
+(the same draft cuts at eos and ``max_new_tokens``, the same registers after the fed tokens, the same
+verification and calls into the chooser) and charges each forward from a table of measured seconds by its
+number of rows, so that a chooser (``DraftLength``, a fixed K) can be compared with others, and with the
+best fixed K in hindsight, on the same prompts without a quiet machine and in milliseconds. With a fixed K its
+counts equal ``generate``'s exactly (tests/test_draft_replay.py); with ``auto`` only as far as the chooser's
+measured costs equal the table's.
+
+    python -m benchmarks.draft_replay RUN/checkpoint-125 --task reasoning_gym --split validation --limit 50 \
+        --record traces.json                          # once: one forward per prompt (bf16/fp32: --dtype)
+    python -m benchmarks.draft_replay --traces traces.json --costs 60,64,67,68,69,71,73,74,75,...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+
+
+def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], prefix_attention: Optional[str] = None) -> dict:
+    """``{"prompt_len", "answer", "drafts"}``: greedy answer (through eos, at most ``max_new_tokens``) and
+    ``drafts[j]``: the registers' greedy draft (offsets 2..d_max) after the prompt (j = 0) or after ``answer[j-1]``,
+    which proposes ``answer[j+1], answer[j+2], ...``."""
+    from transformers import DynamicCache
+
+    from mutor.integrations import speculative as spec
+
+    ids = torch.tensor([prompt])
+    out, _ = spec.generate(model, ids, max_new_tokens, 1, eos_token_id=[] if eos is None else eos,
+                           prefix_attention=prefix_attention)
+    answer = out[0, len(prompt):].tolist()
+    _, k_max, prompt_len, _ = spec._checked_arguments(model, ids, max_new_tokens, "auto", eos, prefix_attention)
+    offsets = list(range(2, k_max + 1))
+    emb = model.base_model.get_input_embeddings()
+    vec = spec._register_vectors(model, offsets)
+    with torch.no_grad():
+        logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
+                                                 prompt_len)                        # (m-a+R, V)
+    regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()          # (len(answer), K-1)
+    return {"prompt_len": len(prompt), "answer": answer, "drafts": regs}
+
+
+def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callable[[int], float],
+           prompt_seconds: float = 0.0) -> dict:
+    """``generate``'s rounds on a recorded trace with ``length`` (a ``DraftLength``) choosing; each forward after
+    the prompt's costs ``cost(rows)`` seconds, which the chooser is told as its measurement. Returns the
+    seconds, forwards, rounds per K, offered / accepted per offset and the emitted tokens."""
+    from mutor.integrations.speculative import _until_end
+
+    y, regs = trace["answer"], trace["drafts"]
+    n, draft, forwards, secs = 0, [], 0, prompt_seconds
+    rounds, offered, accepted = Counter(), Counter(), Counter()
+    while n < max_new_tokens:
+        room = max_new_tokens - n - 1
+        usable, at_eos = _until_end(draft, eos, room)
+        first = forwards == 1
+        ends_answer = at_eos or len(usable) >= room
+        k, tail = (length.prompt_round(), False) if forwards == 0 else length.choose(len(usable), first, ends_answer)
+        if usable:
+            length.watch(usable, first)
+        draft, at_eos = _until_end(draft[:k - 1], eos, room)
+        last = at_eos or len(draft) >= room
+        m, a = (trace["prompt_len"], trace["prompt_len"] - 1) if forwards == 0 else (1 + len(draft), 0)
+        ends = ([m - 1] if tail else list(range(a, m))) if k > 1 else []
+        ends = [e for e in ends if e < m - last]
+        kept = 0
+        for i, g in enumerate(draft):                   # draft[i] proposes y[n + 1 + i]... after pending y[n-1]
+            offered[i + 2] += 1
+            if g != y[n + i]:
+                break
+            accepted[i + 2] += 1
+            kept += 1
+        if forwards:
+            rows = m + len(ends) * (k - 1)
+            secs += cost(rows)
+            length.record(rows, cost(rows))
+        forwards += 1
+        rounds[k] += 1
+        new = y[n:n + kept + 1]
+        length.emitted(new)
+        done = False
+        for t in new:                                   # as _emit: up to max_new_tokens and the first eos
+            n += 1
+            if t in eos or n >= max_new_tokens:
+                done = True
+                break
+        if done or n >= len(y):
+            break
+        draft = regs[n - 1][:k - 1] if a + kept in ends else []
+    length.flush()
+    return {"seconds": secs, "forwards": forwards, "new_tokens": n, "rounds": dict(rounds),
+            "offered": dict(offered), "accepted": dict(accepted)}
+
+
+class Fixed:
+    """A fixed draft length K with registers after every fed token, as ``generate(..., draft_registers=K)``."""
+
+    def __init__(self, k: int):
+        from mutor.integrations.draft_choice import DraftLength
+
+        self._inner = DraftLength(k, fixed=k)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
+            prompt_seconds: Optional[float] = None) -> dict:
+    """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
+    its speed against plain decoding (K = 1) on the same table."""
+    eos = set(traces["eos"])
+    top = max(costs)
+    cost = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
+    p_sec = costs[1] * 2 if prompt_seconds is None else prompt_seconds
+    out = {}
+    for name, make in {"K=1": lambda: Fixed(1), **choosers}.items():
+        length, total = make(), Counter()
+        for tr in traces["traces"]:
+            r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
+            total.update({"seconds": r["seconds"], "forwards": r["forwards"], "new_tokens": r["new_tokens"]})
+            total.update({f"K={k}": v for k, v in r["rounds"].items()})
+        out[name] = dict(total)
+    for name in out:
+        out[name]["speedup"] = round(out["K=1"]["seconds"] / out[name]["seconds"], 3)
+    return out
+
+
+def _record_main(args) -> dict:
+    from mutor.data.templates import render_prompt
+    from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
+    from mutor.methods.mutor import MuToRModel
+
+    mode = run_info(str(args.checkpoint)).get("prefix_attention", "causal")
+    base, tok = load_model_and_tokenizer(str(args.checkpoint), dtype=args.dtype, device="cpu")
+    model = MuToRModel.from_pretrained(args.checkpoint, base=base).eval()
+    bench = get_benchmark(args.task)
+    examples = load_examples(bench, args.split, args.data, args.limit, model_path=str(args.checkpoint))
+    prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+    n_new = int(args.max_new_tokens or bench.template.max_new_tokens)
+    return {"checkpoint": str(args.checkpoint), "task": args.task, "split": args.split, "dtype": args.dtype,
+            "max_new_tokens": n_new, "eos": [tok.eos_token_id], "d_max": model.mutor_config.d_max,
+            "traces": [record(model, p, n_new, tok.eos_token_id, mode) for p in prompts]}
+
+
+def main(argv=None) -> int:
+    from mutor.integrations.draft_choice import DraftLength
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path, nargs="?", help="record traces from this MuToR checkpoint")
+    ap.add_argument("--task", default=None)
+    ap.add_argument("--split", default="validation")
+    ap.add_argument("--limit", type=int, default=50)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--record", type=Path, default=None, help="write the traces here")
+    ap.add_argument("--traces", type=Path, default=None, help="replay these traces")
+    ap.add_argument("--costs", default=None, help="seconds (or ms) of a forward of 1, 2, ... rows, comma-separated")
+    args = ap.parse_args(argv)
+    if args.checkpoint is not None:
+        with torch.no_grad():
+            traces = _record_main(args)
+        (args.record or Path("traces.json")).write_text(json.dumps(traces))
+    else:
+        traces = json.loads(args.traces.read_text())
+    if args.costs:
+        costs = {i + 1: float(c) for i, c in enumerate(args.costs.split(","))}
+        k_max = traces["d_max"]
+        choosers: dict[str, Union[Callable[[], object]]] = {f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)}
+        choosers["auto"] = lambda: DraftLength(k_max)
+        print(json.dumps(compare(traces, costs, choosers), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

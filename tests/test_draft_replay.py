@@ -1,0 +1,97 @@
+"""benchmarks/draft_replay.py: a recorded trace replayed makes the same rounds as ``speculative.generate``: the
+same forwards, draft lengths, tail rounds and acceptance counts, for a fixed K and for the ``auto`` chooser
+(told the same seconds per forward on both sides), with drafts right at some places and wrong at others."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from families import make_model
+
+import mutor.integrations.speculative as spec
+from benchmarks.draft_replay import Fixed, compare, record, replay
+from mutor import MuToRConfig, MuToRModel
+from mutor.integrations.draft_choice import DraftLength
+
+
+def _hard(t: int) -> bool:
+    """Target positions whose every draft is wrong (about a third, irregularly)."""
+    return (t * 7919 + t // 3) % 3 == 0
+
+
+def _model(new: int, seed: int):
+    """A llama-family MuToR model (d_max=4) whose registers draft the greedy continuation except at the
+    ``_hard`` positions; returns ``(prompt ids, prompt + new greedy tokens, model)``."""
+    base = make_model("llama")
+    ids = torch.randint(3, 61, (1, 7), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        target = base.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0)[0].tolist()
+    assert 0 not in target[ids.shape[1]:]
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    with torch.no_grad():
+        model.register_embeddings.weight.fill_(0.5)
+    marker, forward = model.register_embeddings.weight.detach()[0], base.forward
+
+    def fake(*args, inputs_embeds=None, position_ids=None, **kw):
+        out = forward(*args, inputs_embeds=inputs_embeds, position_ids=position_ids, **kw)
+        is_reg = (inputs_embeds[0] == marker).all(-1)                                  # (q,)
+        keep = kw.get("logits_to_keep")
+        rows = keep[0].nonzero().flatten().tolist() if torch.is_tensor(keep) else list(range(is_reg.numel()))
+        logits = out.logits if out.logits.dim() == 2 else out.logits[0]               # (len(rows), V)
+        for row in is_reg.nonzero().flatten().tolist():
+            p = int(position_ids[0, row]) + 1                                          # the index it predicts
+            tok = 0 if p >= len(target) or _hard(p) else target[p]
+            logits[rows.index(row)] = -1e4
+            logits[rows.index(row), tok] = 1e4
+        return out
+
+    base.forward = fake
+    return ids, target, model
+
+
+class _Timed(DraftLength):
+    """The auto chooser told ``cost(rows)`` as every forward's seconds, whatever the clock says."""
+
+    def __init__(self, cost, **kw):
+        super().__init__(4, **kw)
+        self._cost = cost
+
+    def record(self, rows, seconds):
+        super().record(rows, self._cost(rows))
+
+
+FP32 = {1: 61, 2: 112, 3: 140, 4: 109, 5: 119, 6: 125, 7: 131, 8: 132, 9: 133, 16: 151}    # ms, measured
+BF16 = {1: 60, 2: 64, 3: 67, 4: 68, 5: 69, 6: 71, 7: 73, 8: 73, 9: 74, 16: 92}
+
+
+def _cost(table):
+    return lambda rows: table.get(rows, table[max(r for r in table if r <= rows)]) / 1000
+
+
+@pytest.mark.parametrize("make", ["K=1", "K=2", "K=4", "auto fp32", "auto bf16"])
+def test_replay_makes_generates_rounds(make):
+    cost = _cost(FP32 if "fp32" in make else BF16)
+    real_chooser = _Timed(cost, probe=2) if make.startswith("auto") else int(make[2:])
+    replay_chooser = _Timed(cost, probe=2) if make.startswith("auto") else Fixed(int(make[2:]))
+    for seed, new, eos in [(4, 30, None), (5, 30, "mid"), (6, 9, None)]:      # several prompts, one chooser each
+        ids, target, model = _model(new, seed)
+        answer = target[ids.shape[1]:]
+        stop = [answer[17]] if eos == "mid" and answer[17] not in answer[:17] else []
+        got, stats = spec.generate(model, ids, max_new_tokens=new, draft_registers=real_chooser, eos_token_id=stop)
+        assert got[0].tolist() == (target if not stop else target[:ids.shape[1] + 18])
+        trace = record(model, ids[0].tolist(), new, stop[0] if stop else None)
+        assert trace["answer"] == got[0, ids.shape[1]:].tolist()
+        r = replay(replay_chooser, trace, new, set(stop), cost)
+        assert (r["forwards"], r["new_tokens"], r["rounds"], r["offered"], r["accepted"]) == \
+            (stats.forwards, stats.new_tokens, stats.rounds, stats.offered, stats.accepted), (seed, make)
+    if make.startswith("auto"):
+        assert (replay_chooser.cost, replay_chooser.tried) == (real_chooser.cost, real_chooser.tried)
+
+
+def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
+    ids, target, model = _model(30, 4)
+    traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
+    out = compare(traces, {1: 1.0, 4: 1.2, 9: 1.5, 16: 2.0}, {"K=4": lambda: Fixed(4)}, prompt_seconds=0.0)
+    assert out["K=1"]["forwards"] == 30 and out["K=1"]["seconds"] == pytest.approx(29.0)   # the prompt's is free
+    assert out["K=4"]["speedup"] == pytest.approx(29.0 / out["K=4"]["seconds"], abs=1e-3)
+    assert out["K=4"]["forwards"] < 30
