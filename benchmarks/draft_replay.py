@@ -12,8 +12,13 @@ counts equal ``generate``'s exactly (tests/test_draft_replay.py); with ``auto`` 
 measured costs equal the table's.
 
     python -m benchmarks.draft_replay RUN/checkpoint-125 --task reasoning_gym --split validation --limit 50 \
-        --record traces.json                          # once: one forward per prompt (bf16/fp32: --dtype)
-    python -m benchmarks.draft_replay --traces traces.json --costs 60,64,67,68,69,71,73,74,75,...
+        --record traces.json                # once: a forward per prompt, and the row costs (--dtype as decoded)
+    python -m benchmarks.draft_replay RUN/checkpoint-125 --task reasoning_gym --traces traces.json
+                                            # the row costs again (on a quiet machine), into traces.json
+    python -m benchmarks.draft_replay --traces traces.json [--costs 60,64,67,...]   # replay: K = 1..d_max, auto
+
+The row costs depend on the machine, the dtype, the threads and the cached length, not on the registers:
+measure them where the chooser will run, with nothing else loading the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import torch
 
@@ -48,6 +53,42 @@ def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], pr
                                                  prompt_len)                        # (m-a+R, V)
     regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()          # (len(answer), K-1)
     return {"prompt_len": len(prompt), "answer": answer, "drafts": regs}
+
+
+def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5, prefix_attention: Optional[str] = None) -> dict[int, float]:
+    """Seconds of a decoding forward of 1..``max_rows`` rows after ``prompt`` is cached (the median of ``reps``;
+    key 0: the forward of the whole prompt),
+    as ``generate`` feeds them (``_draft_forward``: the pending token and a draft, no register; the cost of a
+    forward depends on its rows, not on which of them are registers). Rows are timed in a shuffled order, so
+    that a change of machine load does not bias one row count."""
+    import random
+    import time
+
+    from transformers import DynamicCache
+
+    from mutor.integrations import speculative as spec
+
+    ids = torch.tensor([prompt])
+    _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, prefix_attention)
+    emb, cache = model.base_model.get_input_embeddings(), DynamicCache()
+    times: dict[int, list[float]] = {r: [] for r in range(1, max_rows + 1)}
+    order = [r for r in times for _ in range(reps)]
+    random.Random(0).shuffle(order)
+    with torch.no_grad():
+        spec._draft_forward(model, emb, None, [], cache, ids[0, :-1], [], prompt_len)   # the prompt cached
+        past = cache.get_seq_length()
+        for r in [1, 1] + order:                                                       # two warm-up steps
+            t0 = time.perf_counter()
+            spec._draft_forward(model, emb, None, [], cache, ids[0, -1:], prompt[:1] * (r - 1), prompt_len)
+            times[r].append(time.perf_counter() - t0)
+            cache.crop(-(cache.get_seq_length() - past))                                  # back to the prompt
+        prompt_times = []
+        for _ in range(3):                                                             # the prompt's own forward
+            t0 = time.perf_counter()
+            spec._draft_forward(model, emb, None, [], DynamicCache(), ids[0], [], prompt_len)
+            prompt_times.append(time.perf_counter() - t0)
+    costs = {r: sorted(t)[len(t) // 2] for r, t in times.items()}
+    return {**costs, 0: sorted(prompt_times)[1]}                                    # 0: the prompt's forward
 
 
 def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callable[[int], float],
@@ -119,9 +160,10 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table."""
     eos = set(traces["eos"])
+    costs = dict(costs)
+    p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
     top = max(costs)
     cost = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
-    p_sec = costs[1] * 2 if prompt_seconds is None else prompt_seconds
     out = {}
     for name, make in {"K=1": lambda: Fixed(1), **choosers}.items():
         length, total = make(), Counter()
@@ -135,7 +177,8 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     return out
 
 
-def _record_main(args) -> dict:
+def _load(args):
+    """(model, tokenizer, prompts, max_new_tokens, prefix mode) of ``args.checkpoint`` on its task's split."""
     from mutor.data.templates import render_prompt
     from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
     from mutor.methods.mutor import MuToRModel
@@ -146,39 +189,57 @@ def _record_main(args) -> dict:
     bench = get_benchmark(args.task)
     examples = load_examples(bench, args.split, args.data, args.limit, model_path=str(args.checkpoint))
     prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
-    n_new = int(args.max_new_tokens or bench.template.max_new_tokens)
-    return {"checkpoint": str(args.checkpoint), "task": args.task, "split": args.split, "dtype": args.dtype,
-            "max_new_tokens": n_new, "eos": [tok.eos_token_id], "d_max": model.mutor_config.d_max,
-            "traces": [record(model, p, n_new, tok.eos_token_id, mode) for p in prompts]}
+    return model, tok, prompts, int(args.max_new_tokens or bench.template.max_new_tokens), mode
+
+
+def _costs(model, prompts, mode) -> dict:
+    d_max = model.mutor_config.d_max
+    mid = sorted(prompts, key=len)[len(prompts) // 2]                # a prompt of median length
+    return {"threads": torch.get_num_threads(),
+            "row_seconds": row_costs(model, mid, d_max * d_max, prefix_attention=mode)}
 
 
 def main(argv=None) -> int:
     from mutor.integrations.draft_choice import DraftLength
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoint", type=Path, nargs="?", help="record traces from this MuToR checkpoint")
+    ap.add_argument("checkpoint", type=Path, nargs="?", help="record traces (or, with --traces, costs) from this "
+                                                              "MuToR checkpoint")
     ap.add_argument("--task", default=None)
     ap.add_argument("--split", default="validation")
     ap.add_argument("--limit", type=int, default=50)
     ap.add_argument("--data", default=None)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-new-tokens", type=int, default=None)
-    ap.add_argument("--record", type=Path, default=None, help="write the traces here")
-    ap.add_argument("--traces", type=Path, default=None, help="replay these traces")
-    ap.add_argument("--costs", default=None, help="seconds (or ms) of a forward of 1, 2, ... rows, comma-separated")
+    ap.add_argument("--record", type=Path, default=None, help="write the traces (and the row costs) here")
+    ap.add_argument("--traces", type=Path, default=None, help="replay these traces; with a checkpoint: measure its "
+                                                              "row costs again into this file")
+    ap.add_argument("--costs", default=None, help="ms of a forward of 1, 2, ... rows, comma-separated "
+                                                  "(default: the costs measured when recording)")
     args = ap.parse_args(argv)
     if args.checkpoint is not None:
         with torch.no_grad():
-            traces = _record_main(args)
-        (args.record or Path("traces.json")).write_text(json.dumps(traces))
+            model, tok, prompts, n_new, mode = _load(args)
+            if args.traces is not None:                  # costs only, e.g. again on a quiet machine
+                traces = {**json.loads(args.traces.read_text()), **_costs(model, prompts, mode)}
+                args.traces.write_text(json.dumps(traces))
+            else:
+                traces = {"checkpoint": str(args.checkpoint), "task": args.task, "split": args.split,
+                          "dtype": args.dtype, "max_new_tokens": n_new, "eos": [tok.eos_token_id],
+                          "d_max": model.mutor_config.d_max,
+                          "traces": [record(model, p, n_new, tok.eos_token_id, mode) for p in prompts],
+                          **_costs(model, prompts, mode)}
+                (args.record or Path("traces.json")).write_text(json.dumps(traces))
     else:
         traces = json.loads(args.traces.read_text())
     if args.costs:
-        costs = {i + 1: float(c) for i, c in enumerate(args.costs.split(","))}
-        k_max = traces["d_max"]
-        choosers: dict[str, Union[Callable[[], object]]] = {f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)}
-        choosers["auto"] = lambda: DraftLength(k_max)
-        print(json.dumps(compare(traces, costs, choosers), indent=1))
+        costs = {i + 1: float(c) / 1000 for i, c in enumerate(args.costs.split(","))}
+    else:
+        costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    k_max = traces["d_max"]
+    choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)}
+    choosers["auto"] = lambda: DraftLength(k_max)
+    print(json.dumps(compare(traces, costs, choosers), indent=1))
     return 0
 
 

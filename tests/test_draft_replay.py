@@ -9,7 +9,7 @@ import torch
 from families import make_model
 
 import mutor.integrations.speculative as spec
-from benchmarks.draft_replay import Fixed, compare, record, replay
+from benchmarks.draft_replay import Fixed, compare, record, replay, row_costs
 from mutor import MuToRConfig, MuToRModel
 from mutor.integrations.draft_choice import DraftLength
 
@@ -95,3 +95,11 @@ def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     assert out["K=1"]["forwards"] == 30 and out["K=1"]["seconds"] == pytest.approx(29.0)   # the prompt's is free
     assert out["K=4"]["speedup"] == pytest.approx(29.0 / out["K=4"]["seconds"], abs=1e-3)
     assert out["K=4"]["forwards"] < 30
+
+
+def test_row_costs_times_every_row_count_and_the_prompt_and_leaves_the_model_unchanged():
+    ids, target, model = _model(6, 4)
+    costs = row_costs(model, ids[0].tolist(), 5, reps=2)
+    assert sorted(costs) == [0, 1, 2, 3, 4, 5] and all(c > 0 for c in costs.values())
+    got, _ = spec.generate(model, ids, max_new_tokens=6, draft_registers=4, eos_token_id=[])
+    assert got[0].tolist() == target
