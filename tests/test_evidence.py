@@ -159,6 +159,8 @@ groups:
     assert [(c["comparison"], c["split"]) for c in report.comparisons(rows)] == \
         [("mutor - next_token", s) for s in (["path_star", "test"] if rg else ["test"])]
     assert "test solve_rate %" in report.runs_table(rows)
+    assert report.curves(rows, str(tmp_path / "curves.png")) and (tmp_path / "curves.png").stat().st_size > 0
+    assert not report.curves([{**r, "per_checkpoint": []} for r in rows], str(tmp_path / "none.png"))
     (draft,) = report.load(tmp_path / "drafting.jsonl")
     assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 4)
     assert all(k["identical_to_greedy"] for k in draft["drafting"].values())

@@ -8,7 +8,8 @@ pooled per-example one. A difference is claimed only when it lies beyond two of 
 fewer than three seeds never support a claim. Exact match is in points (percent), answer loss in nats.
 
     python experiments/evidence/report.py                       # print the tables and the verdict
-    python experiments/evidence/report.py --readme README.md --plot experiments/evidence/evidence.png
+    python experiments/evidence/report.py --readme README.md --plot experiments/evidence/evidence.png \
+        --curves experiments/evidence/curves.png
 """
 
 from __future__ import annotations
@@ -158,6 +159,40 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
     fig.savefig(path, dpi=110)
 
 
+def curves(rows: list[dict], path: str) -> bool:
+    """The evaluations logged during training (``per_checkpoint`` with ``eval_step``: star graphs), one panel per
+    group and measure (solve rate, first hop), a line per run: colour by method, line style by seed. Returns
+    whether any group had such a curve (no file otherwise)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if any("eval_step" in h for h in r.get("per_checkpoint") or []):
+            groups[r["group"]].append(r)
+    if not groups:
+        return False
+    measures = ["solve_rate", "first_hop"]
+    fig, axes = plt.subplots(len(groups), len(measures), figsize=(6 * len(measures), 3.6 * len(groups)), squeeze=False)
+    colours = {"next_token": "C0", "mutor": "C3", "multi_token": "C2"}
+    for row_axes, (group, rs) in zip(axes, sorted(groups.items())):
+        for ax, m in zip(row_axes, measures):
+            for r in sorted(rs, key=lambda r: (r["method"], r["seed"])):
+                pts = [(h["eval_step"], 100 * h[f"eval_{m}"]) for h in r["per_checkpoint"] if f"eval_{m}" in h]
+                if pts:
+                    ax.plot(*zip(*pts), color=colours.get(r["method"], "0.4"), ls=["-", "--", ":"][r["seed"] % 3],
+                            marker="o", ms=3, label=f"{r['method']} s{r['seed']}")
+            ax.set_title(f"{group}: {m} (held-out, %)", fontsize=9)
+            ax.set_xlabel("training step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def markdown(rows: list[dict], uninformative: Optional[dict] = None) -> str:
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
@@ -222,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml", help="its `uninformative` groups are marked")
     ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
     ap.add_argument("--plot", default=None, help="paired differences (PNG)")
+    ap.add_argument("--curves", default=None, help="evaluations during training, star-graph groups (PNG)")
     args = ap.parse_args(argv)
     rows = load(args.results)
     if not rows:
@@ -244,6 +280,8 @@ def main(argv=None) -> int:
         p.write_text(replace_between(p.read_text(), md))
     if args.plot:
         plot(comparisons(rows), args.plot, marked)
+    if args.curves and not curves(rows, args.curves):
+        print(f"no run with evaluations during training yet: {args.curves} not written")
     return 0
 
 
