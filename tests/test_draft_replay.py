@@ -103,3 +103,31 @@ def test_row_costs_times_every_row_count_and_the_prompt_and_leaves_the_model_unc
     assert sorted(costs) == [0, 1, 2, 3, 4, 5] and all(c > 0 for c in costs.values())
     got, _ = spec.generate(model, ids, max_new_tokens=6, draft_registers=4, eos_token_id=[])
     assert got[0].tolist() == target
+
+
+def _short_answers(n: int) -> dict:
+    """``n`` shortest-path-like answers, 3 tokens + eos: the prompt's registers miss the second token (d=2) and
+    get the third; the registers after the first token get the third (in-answer d=2 right)."""
+    tr = {"prompt_len": 9, "answer": [10, 11, 12, 2], "drafts": [[99, 12, 2], [12, 2, 2], [2, 2, 2], [2, 2, 2]]}
+    return {"eos": [2], "max_new_tokens": 16, "traces": [tr] * n}
+
+
+def test_short_answers_whose_prompt_draft_misses_learn_to_draft_in_the_answer_where_rows_are_cheap():
+    """bf16-like costs (4 rows cost 1.05 of one): fixed K=2 takes 3 forwards per answer (its full round after the
+    prompt's keeps the registers after the first token although the prompt's draft is rejected); ``auto`` learns
+    the in-answer acceptance from a probe in the round after the prompt's, then does the same."""
+    traces = _short_answers(60)
+    costs = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.05, 5: 1.06, 6: 1.07, 7: 1.08, 8: 1.09, 9: 1.1, 16: 1.3}
+    cost = lambda rows: costs.get(rows, 1.3 * rows / 16)
+    fixed = [replay(Fixed(2), tr, 16, {2}, cost)["forwards"] for tr in traces["traces"]]
+    length = DraftLength(4)
+    auto = [replay(length, tr, 16, {2}, cost)["forwards"] for tr in traces["traces"]]
+    assert set(fixed) == {3} and set(auto[-20:]) == {3} and length.best()[0] == 2
+
+
+def test_short_answers_where_rows_cost_in_proportion_decode_plainly():
+    """The same answers at costs in proportion to the rows: no draft pays; ``auto`` ends up plain (4 forwards)."""
+    traces = _short_answers(60)
+    length = DraftLength(4)
+    auto = [replay(length, tr, 16, {2}, lambda rows: float(rows))["forwards"] for tr in traces["traces"]]
+    assert set(auto[-20:]) == {4} and length.best() == (1, False)

@@ -338,7 +338,8 @@ def test_draft_length_stops_at_the_first_offset_that_fails():
 
 def test_the_prompts_drafts_have_their_own_acceptance():
     """Short answers whose first tokens the prompt's registers miss while later drafts are right (shortest path):
-    the round after the prompt's decodes plainly, later rounds draft."""
+    the misses count apart, and the round after the prompt's takes the in-answer K with registers after every
+    fed token, so that the round after it has an in-answer draft although the prompt's draft is rejected."""
     length = spec.DraftLength(4)
     length.tried = set(length.candidates)
     for rows in (1, 3, 4, 5, 7, 9, 16):
@@ -346,10 +347,25 @@ def test_the_prompts_drafts_have_their_own_acceptance():
     for _ in range(10):
         length.observe(3, 0, first=True)
         length.observe(3, 3)
-    assert length.choose(3, first=True) == (1, False) and length.choose(3) == (4, False)
+    assert length.best(first=True) == (1, False) and length.best() == (4, False)
+    assert length.choose(3, first=True) == (4, False) and length.choose(3) == (4, False)
     length.watch([5, 6], first=True)
     length.emitted([5, 6])
     assert length.first_accepted[2] > 0 and length.first_offered[4] == 0
+
+
+def test_a_prompt_draft_that_is_mostly_right_still_decides_the_round_after_the_prompts():
+    """Prompt drafts right at every offset, in-answer drafts right at d=2 only: the round after the prompt's
+    feeds the prompt's whole draft (its own best), not the shorter in-answer K."""
+    length = spec.DraftLength(4)
+    length.tried = set(length.candidates)
+    for rows in (1, 3, 4, 5, 7, 9, 16):
+        length.record(rows, 1.0 if rows == 1 else 1.5)
+    for _ in range(10):
+        length.observe(3, 3, first=True)
+        length.observe(3, 1)
+    assert length.best()[0] in (2, 3) and length.best(first=True) == (4, False)
+    assert length.choose(3, first=True) == (4, False)
 
 
 def test_a_draft_that_reaches_the_end_is_fed_only_where_this_round_pays():

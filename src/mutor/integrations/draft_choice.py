@@ -67,7 +67,9 @@ class DraftLength:
     been checked once), so that a repetitive or formulaic stretch of text is noticed; an offset not offered
     keeps its estimate. The drafts
     of the prompt's registers (the answer's first tokens: a star graph's hard first hop, a short answer's
-    first word) are counted apart and decide the round after the prompt's alone.
+    first word) are counted apart and decide the round after the prompt's, unless they are more often wrong
+    than right at d=2 and drafting within the answer wins: then that round takes the in-answer K with registers
+    after every fed token (:meth:`choose`).
     ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a count not
     measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
     proportion (a full round may never be fed whole: answers end, drafts end at eos).
@@ -191,11 +193,32 @@ class DraftLength:
     def choose(self, drafted: Optional[int] = None, first: bool = False, ends: bool = False) -> tuple[int, bool]:
         """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
         ``first``: the round after the prompt's, whose draft the prompt's registers made; ``ends``: the draft
-        reaches the answer's end (its eos, ``max_new_tokens``)."""
+        reaches the answer's end (its eos, ``max_new_tokens``).
+
+        The round after the prompt's is the one place where registers after the answer's first token can be fed,
+        and on a short answer the only one whose in-answer draft can still be checked. So there, where drafting
+        within the answer wins and the prompt's draft is more often wrong than right at its first token (or never
+        checked), the in-answer K with registers after every fed token: the next round has an in-answer draft
+        although the prompt's draft is likely rejected (shortest path in bf16, 50 validation prompts replayed
+        with ``benchmarks/draft_replay.py``: 1.10x plain instead of 1.00x). Otherwise the prompt's draft decides,
+        and where it says to decode plainly the round is on the probes' schedule (registers after every fed
+        token), so that the in-answer acceptance of short answers is checked at all."""
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
             return 1, False
+        if not first:
+            return self._choose(drafted, False, ends)
+        in_answer = self.best()
+        if in_answer[0] > 1 and self._chain(2, first=True)[1] < 0.5:
+            return in_answer[0], False
+        pick = self._choose(drafted, True, ends)
+        self.since_probe += pick[0] == 1
+        if pick[0] == 1 and self._probe_due(in_answer):
+            return self.k_max, False
+        return pick
+
+    def _choose(self, drafted: Optional[int], first: bool, ends: bool) -> tuple[int, bool]:
         if ends:                                           # nothing drafted: the registers foresee the end
             return self.last_round(drafted, first) if drafted else (1, False)
         drafted = self.k_max - 1 if drafted is None else drafted
@@ -216,10 +239,16 @@ class DraftLength:
         if best != self.last_best:
             self.last_best, self.since_probe, self.probe = best, 0, self.min_probe
         self.since_probe += 1
-        if best[0] < self.k_max and self.since_probe >= self.interval(best) and self.hopeful():
-            self.since_probe, self.probe = 0, min(2 * self.probe, self.max_probe)
+        if best[0] < self.k_max and self._probe_due(best):
             return self.k_max, True                        # registers for every offset after the last fed token
         return best
+
+    def _probe_due(self, best: tuple[int, bool]) -> bool:
+        """Whether a probe is due (then the interval doubles, up to ``max_probe``)."""
+        if self.since_probe >= self.interval(best) and self.hopeful():
+            self.since_probe, self.probe = 0, min(2 * self.probe, self.max_probe)
+            return True
+        return False
 
     def last_round(self, drafted: int, first: bool = False) -> tuple[int, bool]:
         """A draft that reaches the answer's end: fed whole, its round needs no register and makes no draft, so
