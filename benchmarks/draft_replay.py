@@ -123,8 +123,9 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
             kept += 1
         if forwards:
             rows = m + len(ends) * (k - 1)
-            secs += cost(rows)
-            length.record(rows, cost(rows))
+            c = cost(rows)                              # what this forward took, and what the chooser is told
+            secs += c
+            length.record(rows, c)
         forwards += 1
         rounds[k] += 1
         new = y[n:n + kept + 1]
@@ -156,21 +157,34 @@ class Fixed:
 
 
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
-            prompt_seconds: Optional[float] = None) -> dict:
+            prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1) -> dict:
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
-    its speed against plain decoding (K = 1) on the same table."""
+    its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
+    times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); the chooser is told
+    what it took. ``repeats``: that many noise draws (seeds 0, 1, ...), summed."""
+    import math
+    import random
+
     eos = set(traces["eos"])
     costs = dict(costs)
     p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
     top = max(costs)
-    cost = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
+    table = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
     out = {}
     for name, make in {"K=1": lambda: Fixed(1), **choosers}.items():
-        length, total = make(), Counter()
-        for tr in traces["traces"]:
-            r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
-            total.update({"seconds": r["seconds"], "forwards": r["forwards"], "new_tokens": r["new_tokens"]})
-            total.update({f"K={k}": v for k, v in r["rounds"].items()})
+        total = Counter()
+        for seed in range(repeats):
+            rng = random.Random(seed)
+
+            def cost(rows):
+                c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
+                return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
+
+            length = make()
+            for tr in traces["traces"]:
+                r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
+                total.update({"seconds": r["seconds"], "forwards": r["forwards"], "new_tokens": r["new_tokens"]})
+                total.update({f"K={k}": v for k, v in r["rounds"].items()})
         out[name] = dict(total)
     for name in out:
         out[name]["speedup"] = round(out["K=1"]["seconds"] / out[name]["seconds"], 3)
@@ -216,6 +230,9 @@ def main(argv=None) -> int:
                                                               "row costs again into this file")
     ap.add_argument("--costs", default=None, help="ms of a forward of 1, 2, ... rows, comma-separated "
                                                   "(default: the costs measured when recording)")
+    ap.add_argument("--noise", type=float, default=0.0, help="log-normal spread of a forward's cost (e.g. 0.1)")
+    ap.add_argument("--spikes", type=float, default=0.0, help="share of forwards taking 2-3x (e.g. 0.03)")
+    ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     args = ap.parse_args(argv)
     if args.checkpoint is not None:
         with torch.no_grad():
@@ -239,7 +256,8 @@ def main(argv=None) -> int:
     k_max = traces["d_max"]
     choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)}
     choosers["auto"] = lambda: DraftLength(k_max)
-    print(json.dumps(compare(traces, costs, choosers), indent=1))
+    print(json.dumps(compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats),
+                     indent=1))
     return 0
 
 

@@ -131,3 +131,13 @@ def test_short_answers_where_rows_cost_in_proportion_decode_plainly():
     length = DraftLength(4)
     auto = [replay(length, tr, 16, {2}, lambda rows: float(rows))["forwards"] for tr in traces["traces"]]
     assert set(auto[-20:]) == {4} and length.best() == (1, False)
+
+
+def test_compare_with_noise_charges_what_it_tells_the_chooser_and_is_repeatable():
+    traces = _short_answers(10)
+    costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
+    a = compare(traces, costs, {"auto": lambda: DraftLength(4)}, prompt_seconds=0.0, noise=0.2, spikes=0.1, repeats=2)
+    b = compare(traces, costs, {"auto": lambda: DraftLength(4)}, prompt_seconds=0.0, noise=0.2, spikes=0.1, repeats=2)
+    clean = compare(traces, costs, {"auto": lambda: DraftLength(4)}, prompt_seconds=0.0, repeats=2)
+    assert a == b and a["K=1"]["seconds"] != clean["K=1"]["seconds"]
+    assert clean["K=1"]["seconds"] == pytest.approx(2 * 10 * 3.0)                       # 3 forwards after each prompt
