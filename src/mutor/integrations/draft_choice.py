@@ -201,7 +201,7 @@ class DraftLength:
         checked), the in-answer K with registers after every fed token: the next round has an in-answer draft
         although the prompt's draft is likely rejected (shortest path in bf16, 50 validation prompts replayed
         with ``benchmarks/draft_replay.py``: 1.10x plain instead of 1.00x). Otherwise the prompt's draft decides,
-        and where it says to decode plainly the round is on the probes' schedule (registers after every fed
+        and where it says to decode plainly the round is on the probes' schedule (K=2, a register after every fed
         token), so that the in-answer acceptance of short answers is checked at all."""
         if self.fixed is not None:
             return self.fixed, False
@@ -215,8 +215,8 @@ class DraftLength:
         pick = self._choose(drafted, True, ends)
         self.since_probe += pick[0] == 1
         if pick[0] == 1 and self._probe_due(in_answer):
-            return self.k_max, False
-        return pick
+            return 2, False                                # a register after the pending token: d=2 checked, and
+        return pick                                        # 4 rows at most, what the probes' share is priced at
 
     def _choose(self, drafted: Optional[int], first: bool, ends: bool) -> tuple[int, bool]:
         if ends:                                           # nothing drafted: the registers foresee the end
