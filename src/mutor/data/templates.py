@@ -7,7 +7,7 @@ table is what makes "prompts identical to the training templates" true by constr
 Each :class:`TextTemplate` names its Hub dataset (loaded with ``datasets.load_dataset`` by the
 user's machine; nothing is downloaded in tests), the split used for each role, the paper's
 ``max_length`` filter and the field holding the gold answer of an example (how answers are
-scored is :class:`mutor.eval.harness.Benchmark`'s). Templates are ``str.format`` strings over
+scored is :class:`mutor.eval.benchmarks.Benchmark`'s). Templates are ``str.format`` strings over
 the dataset's own fields, after an optional ``prepare`` step that derives extra fields
 (AQUA-RAT's option list).
 

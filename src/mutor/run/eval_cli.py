@@ -10,7 +10,7 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     from ..core.config import PREFIX_ATTENTION
-    from ..eval.harness import BENCHMARKS
+    from ..eval.benchmarks import BENCHMARKS
     from ..utils.devices import DTYPES
 
     p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         return _compare(args)
     if args.task == "run":
         return _eval_run_task(args)
-    from ..eval.harness import BENCHMARKS, evaluate_checkpoints
+    from ..eval.benchmarks import BENCHMARKS
+    from ..eval.harness import evaluate_checkpoints
 
     if args.task not in BENCHMARKS:
         raise SystemExit(f"mutor eval: unknown task {args.task!r}; text tasks: {sorted(BENCHMARKS)}, or 'run'")
