@@ -336,14 +336,20 @@ def test_draft_length_stops_at_the_first_offset_that_fails():
     assert picks[300:].count(2) >= 0.9 * len(picks[300:])
 
 
-def test_the_prompts_drafts_have_their_own_acceptance():
-    """Short answers whose first tokens the prompt's registers miss while later drafts are right (shortest path):
-    the misses count apart, and the round after the prompt's takes the in-answer K with registers after every
-    fed token, so that the round after it has an in-answer draft although the prompt's draft is rejected."""
+def _every_choice_priced() -> spec.DraftLength:
+    """A chooser (K_max=4) that has tried every choice: one row costs 1, any more 1.5."""
     length = spec.DraftLength(4)
     length.tried = set(length.candidates)
     for rows in (1, 3, 4, 5, 7, 9, 16):
         length.record(rows, 1.0 if rows == 1 else 1.5)
+    return length
+
+
+def test_the_prompts_drafts_have_their_own_acceptance():
+    """Short answers whose first tokens the prompt's registers miss while later drafts are right (shortest path):
+    the misses count apart, and the round after the prompt's takes the in-answer K with registers after every
+    fed token, so that the round after it has an in-answer draft although the prompt's draft is rejected."""
+    length = _every_choice_priced()
     for _ in range(10):
         length.observe(3, 0, first=True)
         length.observe(3, 3)
@@ -357,10 +363,7 @@ def test_the_prompts_drafts_have_their_own_acceptance():
 def test_a_prompt_draft_that_is_mostly_right_still_decides_the_round_after_the_prompts():
     """Prompt drafts right at every offset, in-answer drafts right at d=2 only: the round after the prompt's
     feeds the prompt's whole draft (its own best), not the shorter in-answer K."""
-    length = spec.DraftLength(4)
-    length.tried = set(length.candidates)
-    for rows in (1, 3, 4, 5, 7, 9, 16):
-        length.record(rows, 1.0 if rows == 1 else 1.5)
+    length = _every_choice_priced()
     for _ in range(10):
         length.observe(3, 3, first=True)
         length.observe(3, 1)
