@@ -19,6 +19,10 @@ measured costs equal the table's.
 
 The row costs depend on the machine, the dtype, the threads and the cached length, not on the registers:
 measure them where the chooser will run, with nothing else loading the CPU.
+
+``benchmarks/draft_traces/`` keeps the traces recorded from the evidence runs (validation prompts, token ids
+and row costs only), so that a chooser can be replayed on them after their checkpoints are gone;
+tests/test_draft_replay.py holds ``auto`` to at least plain decoding and near the best fixed K on each.
 """
 
 from __future__ import annotations

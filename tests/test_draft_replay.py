@@ -4,6 +4,9 @@ same forwards, draft lengths, tail rounds and acceptance counts, for a fixed K a
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from families import make_model
@@ -141,3 +144,19 @@ def test_compare_with_noise_charges_what_it_tells_the_chooser_and_is_repeatable(
     clean = compare(traces, costs, {"auto": lambda: DraftLength(4)}, prompt_seconds=0.0, repeats=2)
     assert a == b and a["K=1"]["seconds"] != clean["K=1"]["seconds"]
     assert clean["K=1"]["seconds"] == pytest.approx(2 * 10 * 3.0)                       # 3 forwards after each prompt
+
+
+TRACES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "draft_traces").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fixed_k(path):
+    """Traces recorded from the evidence runs (validation prompts, row costs measured on this CPU): replayed,
+    ``auto`` is at least 0.99x plain decoding and within 5 % of the best fixed K in hindsight."""
+    traces = json.loads(path.read_text())
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    k_max = traces["d_max"]
+    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)},
+                                  "auto": lambda: DraftLength(k_max)})
+    best = max(r["speedup"] for r in out.values())
+    assert out["auto"]["speedup"] >= 0.99 and out["auto"]["speedup"] >= 0.95 * best, out
