@@ -60,11 +60,10 @@ def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], pr
 
 
 def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5, prefix_attention: Optional[str] = None) -> dict[int, float]:
-    """Seconds of a decoding forward of 1..``max_rows`` rows after ``prompt`` is cached (the median of ``reps``;
-    key 0: the forward of the whole prompt),
-    as ``generate`` feeds them (``_draft_forward``: the pending token and a draft, no register; the cost of a
-    forward depends on its rows, not on which of them are registers). Rows are timed in a shuffled order, so
-    that a change of machine load does not bias one row count."""
+    """Seconds of a decoding forward of 1..``max_rows`` rows after ``prompt`` is cached, the median of ``reps``,
+    fed as ``generate`` feeds them (``_draft_forward``: the pending token and a draft, no register; the cost of
+    a forward depends on its rows, not on which of them are registers); key 0: the forward of the whole prompt.
+    Rows are timed in a shuffled order, so that a change of machine load does not bias one row count."""
     import random
     import time
 
@@ -119,7 +118,7 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
         ends = ([m - 1] if tail else list(range(a, m))) if k > 1 else []
         ends = [e for e in ends if e < m - last]
         kept = 0
-        for i, g in enumerate(draft):                   # draft[i] proposes y[n + 1 + i]... after pending y[n-1]
+        for i, g in enumerate(draft):                   # pending y[n-1]: draft[i] proposes y[n + i], as _verify
             offered[i + 2] += 1
             if g != y[n + i]:
                 break
