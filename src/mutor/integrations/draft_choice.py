@@ -93,8 +93,9 @@ class DraftLength:
     - Probes. While a draft shorter than K_max wins (K = 1 included), a round adds registers for every offset
       after its last fed token every ``probe`` rounds, an interval that doubles (up to ``max_probe``) while
       the choice stays the same and that is never so short that the probes' extra rows take more than
-      ``probe_share`` of the time (the prompt's registers are such a probe then); where not even a draft
-      kept whole could pay, no register is fed.
+      ``probe_share`` of the time (the prompt's registers are such a probe then, and so is a K=2 round with a
+      register after every fed token in the round after the prompt's, the one place where a short answer's
+      in-answer draft can be checked); where not even a draft kept whole could pay, no register is fed.
 
     ``fixed``: always that K, full (no timing)."""
 
