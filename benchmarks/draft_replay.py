@@ -99,64 +99,48 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
     """``generate``'s rounds on a recorded trace with ``length`` (a ``DraftLength``) choosing; each forward after
     the prompt's costs ``cost(rows)`` seconds, which the chooser is told as its measurement. Returns the
     seconds, forwards, rounds per K, offered / accepted per offset and the emitted tokens."""
-    from mutor.integrations.speculative import _until_end
+    from mutor.integrations.draft_choice import DraftStats
+    from mutor.integrations.speculative import _emit, _until_end, _verify
 
     y, regs = trace["answer"], trace["drafts"]
-    n, draft, forwards, secs = 0, [], 0, prompt_seconds
-    rounds, offered, accepted = Counter(), Counter(), Counter()
-    while n < max_new_tokens:
+    draft, secs, stats, out = [], prompt_seconds, DraftStats(), []
+    while stats.new_tokens < max_new_tokens:
+        n = stats.new_tokens
         room = max_new_tokens - n - 1
         usable, at_eos = _until_end(draft, eos, room)
-        first = forwards == 1
+        first = stats.forwards == 1
         ends_answer = at_eos or len(usable) >= room
-        k, tail = (length.prompt_round(), False) if forwards == 0 else length.choose(len(usable), first, ends_answer)
+        k, tail = (length.prompt_round(), False) if stats.forwards == 0 else length.choose(len(usable), first, ends_answer)
         if usable:
             length.watch(usable, first)
         draft, at_eos = _until_end(draft[:k - 1], eos, room)
         last = at_eos or len(draft) >= room
-        m, a = (trace["prompt_len"], trace["prompt_len"] - 1) if forwards == 0 else (1 + len(draft), 0)
+        m, a = (trace["prompt_len"], trace["prompt_len"] - 1) if stats.forwards == 0 else (1 + len(draft), 0)
         ends = ([m - 1] if tail else list(range(a, m))) if k > 1 else []
         ends = [e for e in ends if e < m - last]
-        kept = 0
-        for i, g in enumerate(draft):                   # pending y[n-1]: draft[i] proposes y[n + i], as _verify
-            offered[i + 2] += 1
-            if g != y[n + i]:
-                break
-            accepted[i + 2] += 1
-            kept += 1
-        if forwards:
+        kept = _verify(draft, y[n:n + len(draft)], stats)      # pending y[n-1]: draft[i] proposes y[n + i]
+        if stats.forwards:
             rows = m + len(ends) * (k - 1)
             c = cost(rows)                              # what this forward took, and what the chooser is told
             secs += c
             length.record(rows, c)
-        forwards += 1
-        rounds[k] += 1
+        stats.forwards += 1
+        stats.rounds[k] = stats.rounds.get(k, 0) + 1
         new = y[n:n + kept + 1]
         length.emitted(new)
-        done = False
-        for t in new:                                   # as _emit: up to max_new_tokens and the first eos
-            n += 1
-            if t in eos or n >= max_new_tokens:
-                done = True
-                break
-        if done or n >= len(y):
+        if _emit(new, out, stats, max_new_tokens, eos) or stats.new_tokens >= len(y):
             break
-        draft = regs[n - 1][:k - 1] if a + kept in ends else []
+        draft = regs[stats.new_tokens - 1][:k - 1] if a + kept in ends else []
     length.flush()
-    return {"seconds": secs, "forwards": forwards, "new_tokens": n, "rounds": dict(rounds),
-            "offered": dict(offered), "accepted": dict(accepted)}
+    return {"seconds": secs, "forwards": stats.forwards, "new_tokens": stats.new_tokens, "rounds": stats.rounds,
+            "offered": stats.offered, "accepted": stats.accepted}
 
 
-class Fixed:
+def fixed(k: int):
     """A fixed draft length K with registers after every fed token, as ``generate(..., draft_registers=K)``."""
+    from mutor.integrations.draft_choice import DraftLength
 
-    def __init__(self, k: int):
-        from mutor.integrations.draft_choice import DraftLength
-
-        self._inner = DraftLength(k, fixed=k)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    return DraftLength(k, fixed=k)
 
 
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
@@ -174,7 +158,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     top = max(costs)
     table = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
     out = {}
-    for name, make in {"K=1": lambda: Fixed(1), **choosers}.items():
+    for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
         for seed in range(repeats):
             rng = random.Random(seed)
@@ -257,7 +241,7 @@ def main(argv=None) -> int:
     else:
         costs = {int(r): c for r, c in traces["row_seconds"].items()}
     k_max = traces["d_max"]
-    choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)}
+    choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)}
     choosers["auto"] = lambda: DraftLength(k_max)
     print(json.dumps(compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats),
                      indent=1))

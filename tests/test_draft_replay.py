@@ -12,7 +12,7 @@ import torch
 from families import make_model
 
 import mutor.integrations.speculative as spec
-from benchmarks.draft_replay import Fixed, compare, record, replay, row_costs
+from benchmarks.draft_replay import compare, fixed, record, replay, row_costs
 from mutor import MuToRConfig, MuToRModel
 from mutor.integrations.draft_choice import DraftLength
 
@@ -75,7 +75,7 @@ def _cost(table):
 def test_replay_makes_generates_rounds(make):
     cost = _cost(FP32 if "fp32" in make else BF16)
     real_chooser = _Timed(cost, probe=2) if make.startswith("auto") else int(make[2:])
-    replay_chooser = _Timed(cost, probe=2) if make.startswith("auto") else Fixed(int(make[2:]))
+    replay_chooser = _Timed(cost, probe=2) if make.startswith("auto") else fixed(int(make[2:]))
     for seed, new, eos in [(4, 30, None), (5, 30, "mid"), (6, 9, None)]:      # several prompts, one chooser each
         ids, target, model = _model(new, seed)
         answer = target[ids.shape[1]:]
@@ -94,7 +94,7 @@ def test_replay_makes_generates_rounds(make):
 def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     ids, target, model = _model(30, 4)
     traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
-    out = compare(traces, {1: 1.0, 4: 1.2, 9: 1.5, 16: 2.0}, {"K=4": lambda: Fixed(4)}, prompt_seconds=0.0)
+    out = compare(traces, {1: 1.0, 4: 1.2, 9: 1.5, 16: 2.0}, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0)
     assert out["K=1"]["forwards"] == 30 and out["K=1"]["seconds"] == pytest.approx(29.0)   # the prompt's is free
     assert out["K=4"]["speedup"] == pytest.approx(29.0 / out["K=4"]["seconds"], abs=1e-3)
     assert out["K=4"]["forwards"] < 30
@@ -122,10 +122,10 @@ def test_short_answers_whose_prompt_draft_misses_learn_to_draft_in_the_answer_wh
     traces = _short_answers(60)
     costs = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.05, 5: 1.06, 6: 1.07, 7: 1.08, 8: 1.09, 9: 1.1, 16: 1.3}
     cost = lambda rows: costs.get(rows, 1.3 * rows / 16)
-    fixed = [replay(Fixed(2), tr, 16, {2}, cost)["forwards"] for tr in traces["traces"]]
+    k2 = [replay(fixed(2), tr, 16, {2}, cost)["forwards"] for tr in traces["traces"]]
     length = DraftLength(4)
     auto = [replay(length, tr, 16, {2}, cost)["forwards"] for tr in traces["traces"]]
-    assert set(fixed) == {3} and set(auto[-20:]) == {3} and length.best()[0] == 2
+    assert set(k2) == {3} and set(auto[-20:]) == {3} and length.best()[0] == 2
 
 
 def test_short_answers_where_rows_cost_in_proportion_decode_plainly():
@@ -156,7 +156,7 @@ def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fi
     traces = json.loads(path.read_text())
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     k_max = traces["d_max"]
-    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: Fixed(k)) for k in range(2, k_max + 1)},
+    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)},
                                   "auto": lambda: DraftLength(k_max)})
     best = max(r["speedup"] for r in out.values())
     assert out["auto"]["speedup"] >= 0.99 and out["auto"]["speedup"] >= 0.95 * best, out
