@@ -238,21 +238,19 @@ class Driver:
         (``mutor eval --task run``, one record per example for pairing), and the evaluations logged during
         training as the run's curve (``per_checkpoint``)."""
         e, out = run.group["eval"], d / "eval" / "run"
-        test = out / "final" / "test"
-        if not (test / "summary.json").is_file():
-            cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--output-dir", str(test), "--quiet"]
+        # the run's own held-out graphs ("test"), then each extra source (path_star: reasoning-gym's, relabelled)
+        for split in ["test", *e.get("sources", [])]:
+            target = out / "final" / split
+            if (target / "summary.json").is_file():
+                continue
+            cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--output-dir", str(target), "--quiet"]
             cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
-            res = self.stage(run, d, "evaluating the final model", cmd)
-            (d / "eval_seconds.json").write_text(json.dumps(res))
-        other = {}
-        for source in e.get("sources", []):                # e.g. path_star: reasoning-gym's graphs, relabelled
-            extra = out / "final" / source
-            if not (extra / "summary.json").is_file():
-                cmd = [*MUTOR, "eval", "--task", "run", "--model", str(d), "--source", source,
-                       "--output-dir", str(extra), "--quiet"]
-                cmd += ["--dtype", e["dtype"]] if e.get("dtype") else []
-                self.stage(run, d, f"evaluating the final model on {source}", cmd)
-            other[source] = {"summary": str(extra / "summary.json")}
+            cmd += ["--source", split] if split != "test" else []
+            res = self.stage(run, d, "evaluating the final model" + (f" on {split}" if split != "test" else ""), cmd)
+            if split == "test":
+                (d / "eval_seconds.json").write_text(json.dumps(res))
+        test = out / "final" / "test"
+        other = {s: {"summary": str(out / "final" / s / "summary.json")} for s in e.get("sources", [])}
         curve = json.loads((d / "summary.json").read_text()).get("eval_history", [])
         return {**json.loads((test / "summary.json").read_text()), "split": "test", "selected_checkpoint": "final",
                 "selection": "the final model (curve: the evaluations during training)", "per_checkpoint": curve,
