@@ -214,9 +214,10 @@ class DraftLength:
         if in_answer[0] > 1 and self._chain(2, first=True)[1] < 0.5:
             return in_answer[0], False
         pick = self._choose(drafted, True, ends)
-        self.since_probe += pick[0] == 1
-        if pick[0] == 1 and self._probe_due(in_answer):
-            return 2, False                                # a register after the pending token: d=2 checked, and
+        if pick[0] == 1:                                   # plain: this round is on the probes' schedule
+            self.since_probe += 1
+            if self._probe_due(in_answer):
+                return 2, False                            # a register after the pending token: d=2 checked, and
         return pick                                        # 4 rows at most, what the probes' share is priced at
 
     def _choose(self, drafted: Optional[int], first: bool, ends: bool) -> tuple[int, bool]:
