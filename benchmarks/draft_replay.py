@@ -16,6 +16,8 @@ measured costs equal the table's.
     python -m benchmarks.draft_replay RUN/checkpoint-125 --task reasoning_gym --traces traces.json
                                             # the row costs again (on a quiet machine), into traces.json
     python -m benchmarks.draft_replay --traces traces.json [--costs 60,64,67,...]   # replay: K = 1..d_max, auto
+    python -m benchmarks.draft_replay --traces traces.json --repeats 10 \
+        --load draft_traces/forward_times/wr3ep0_fp32_{quiet,beside_training}.json   # under a recorded load
 
 The row costs depend on the machine, the dtype, the threads and the cached length, not on the registers:
 measure them where the chooser will run, with nothing else loading the CPU.
@@ -143,12 +145,31 @@ def fixed(k: int):
     return DraftLength(k, fixed=k)
 
 
+def load_ratios(quiet: dict, loaded: dict, min_samples: int = 20) -> dict[int, list[float]]:
+    """A recorded load as cost factors: per row count with at least ``min_samples`` loaded forwards, each loaded
+    forward's seconds over the quiet median of its row count (key 1 always: the pool other counts draw from).
+    ``quiet`` / ``loaded``: per-forward times of the same decoding, ``{chooser: [[rows, seconds], ...]}`` as in
+    ``draft_traces/forward_times/``."""
+    def by_rows(log: dict) -> dict[int, list[float]]:
+        out: dict[int, list[float]] = {}
+        for forwards in log.values():
+            for rows, sec in forwards:
+                out.setdefault(int(rows), []).append(sec)
+        return out
+
+    q, l = by_rows(quiet), by_rows(loaded)
+    median = {r: sorted(v)[len(v) // 2] for r, v in q.items()}
+    return {r: [s / median[r] for s in v] for r, v in l.items() if r in median and (len(v) >= min_samples or r == 1)}
+
+
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
-            prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1) -> dict:
+            prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
+            load: Optional[dict[int, list[float]]] = None) -> dict:
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
-    times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); the chooser is told
-    what it took. ``repeats``: that many noise draws (seeds 0, 1, ...), summed."""
+    times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
+    (:func:`load_ratios`): times a factor drawn from a recorded load's, its row count's or else one row's. The
+    chooser is told what it took. ``repeats``: that many draws (seeds 0, 1, ...), summed."""
     import math
     import random
 
@@ -165,6 +186,8 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
 
             def cost(rows):
                 c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
+                if load:
+                    c *= rng.choice(load.get(rows) or load[1])
                 return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
 
             length = make()
@@ -219,6 +242,9 @@ def main(argv=None) -> int:
                                                   "(default: the costs measured when recording)")
     ap.add_argument("--noise", type=float, default=0.0, help="log-normal spread of a forward's cost (e.g. 0.1)")
     ap.add_argument("--spikes", type=float, default=0.0, help="share of forwards taking 2-3x (e.g. 0.03)")
+    ap.add_argument("--load", type=Path, nargs=2, metavar=("QUIET", "LOADED"), default=None,
+                    help="draw each forward's cost factor from a recorded load: per-forward times of the same "
+                         "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     args = ap.parse_args(argv)
     if args.checkpoint is not None:
@@ -243,8 +269,9 @@ def main(argv=None) -> int:
     k_max = traces["d_max"]
     choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)}
     choosers["auto"] = lambda: DraftLength(k_max)
-    print(json.dumps(compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats),
-                     indent=1))
+    load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
+    print(json.dumps(compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats,
+                             load=load), indent=1))
     return 0
 
 

@@ -12,7 +12,7 @@ import torch
 from families import make_model
 
 import mutor.integrations.speculative as spec
-from benchmarks.draft_replay import compare, fixed, record, replay, row_costs
+from benchmarks.draft_replay import compare, fixed, load_ratios, record, replay, row_costs
 from mutor import MuToRConfig, MuToRModel
 from mutor.integrations.draft_choice import DraftLength
 
@@ -160,3 +160,30 @@ def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fi
                                   "auto": lambda: DraftLength(k_max)})
     best = max(r["speedup"] for r in out.values())
     assert out["auto"]["speedup"] >= 0.99 and out["auto"]["speedup"] >= 0.95 * best, out
+
+
+FORWARD_TIMES = TRACES[0].parent / "forward_times"
+
+
+def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_chooser_is_told():
+    quiet = json.loads((FORWARD_TIMES / "wr3ep0_fp32_quiet.json").read_text())
+    itself = load_ratios(quiet, quiet)
+    assert 1 in itself and all(sorted(v)[len(v) // 2] == 1.0 for v in itself.values())
+    assert all(len(v) >= 20 for r, v in itself.items() if r != 1)
+    traces = _short_answers(10)
+    costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
+    clean = compare(traces, costs, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0)
+    doubled = compare(traces, costs, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0, load={1: [2.0]})
+    assert doubled["K=4"]["seconds"] == pytest.approx(2 * clean["K=4"]["seconds"])
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
+    """The same traces with each forward's cost times a factor drawn from the per-forward times recorded beside a
+    training run (5th-95th percentile 0.62-1.52x): ``auto`` stays at least 0.99x plain decoding."""
+    load = load_ratios(*(json.loads((FORWARD_TIMES / f"wr3ep0_fp32_{x}.json").read_text())
+                         for x in ("quiet", "beside_training")))
+    traces = json.loads(path.read_text())
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, load=load, repeats=3)
+    assert out["auto"]["speedup"] >= 0.99, out
