@@ -203,16 +203,11 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
 
 def _load(args):
     """(model, tokenizer, prompts, max_new_tokens, prefix mode) of ``args.checkpoint`` on its task's split."""
-    from mutor.data.templates import render_prompt
-    from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
-    from mutor.methods.mutor import MuToRModel
+    from mutor.eval.harness import load_drafter, run_info, task_prompts
 
     mode = run_info(str(args.checkpoint)).get("prefix_attention", "causal")
-    base, tok = load_model_and_tokenizer(str(args.checkpoint), dtype=args.dtype, device="cpu")
-    model = MuToRModel.from_pretrained(args.checkpoint, base=base).eval()
-    bench = get_benchmark(args.task)
-    examples = load_examples(bench, args.split, args.data, args.limit, model_path=str(args.checkpoint))
-    prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+    model, tok = load_drafter(str(args.checkpoint), dtype=args.dtype, device="cpu")
+    prompts, bench = task_prompts(args.task, tok, args.split, args.data, args.limit, model_path=str(args.checkpoint))
     return model, tok, prompts, int(args.max_new_tokens or bench.template.max_new_tokens), mode
 
 

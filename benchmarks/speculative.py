@@ -60,27 +60,24 @@ def _prompts(run: Path, n: int, tok, data: str | None) -> tuple[list[list[int]],
         levels = int(opts.get("levels", 8))
         lay = ImageLayout(codebook_size=levels, num_classes=10, height=8, width=8, levels=levels)
         return [[lay.class_token(c)] for c in range(10)][:n], lay.num_tokens, "digits", False
-    from mutor.data.templates import render_prompt
-    from mutor.eval.harness import get_benchmark, load_examples
+    from mutor.eval.harness import get_benchmark, task_prompts
 
     bench_name = {"gsm_symbolic": "gsm_symbolic", "reasoning_gym": "reasoning_gym"}.get(task, opts.get("dataset", task))
     try:
-        bench = get_benchmark(bench_name)
+        get_benchmark(bench_name)
     except (KeyError, ValueError) as err:
         raise SystemExit(f"{run}: task {task!r}: not star_graph, digits or a task of mutor eval ({err})")
-    examples = load_examples(bench, "test", data, n, model_path=str(run))
-    prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+    prompts, bench = task_prompts(bench_name, tok, "test", data, n, model_path=str(run))
     return prompts, int(bench.template.max_new_tokens), bench_name, True
 
 
 def _load(run: str, dtype: str):
     """The MuToR model (a LoRA adapter merged into its base) in ``dtype`` and the run's tokenizer (or None)."""
     from mutor import MuToRModel
-    from mutor.eval.harness import load_model_and_tokenizer
+    from mutor.eval.harness import load_drafter
 
     if (Path(run) / "tokenizer_config.json").is_file() or (Path(run) / "adapter_config.json").is_file():
-        base, tok = load_model_and_tokenizer(run, dtype=dtype, device="cpu")
-        return MuToRModel.from_pretrained(run, base=base).eval(), tok
+        return load_drafter(run, dtype=dtype, device="cpu")
     from mutor.utils.devices import resolve_dtype
 
     kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}

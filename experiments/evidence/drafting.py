@@ -29,22 +29,17 @@ import torch
 
 def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list | None = None,
             max_new_tokens: int | None = None, data: str | None = None, split: str = "test") -> dict:
-    from mutor.data.templates import render_prompt
     from mutor.eval.generation import greedy_generate
-    from mutor.eval.harness import get_benchmark, load_examples, load_model_and_tokenizer, run_info
+    from mutor.eval.harness import load_drafter, run_info, task_prompts
     from mutor.integrations.draft_choice import DraftLength, DraftStats
     from mutor.integrations.speculative import generate
-    from mutor.methods.mutor import MuToRModel
 
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")
     if task == "run":                                  # a synthetic task from the run's recipe: star graphs
         model, prompts, longest, eos, pad = _star_graph(ckpt, dtype, split, limit)
     else:
-        base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")      # a LoRA adapter merged
-        model = MuToRModel.from_pretrained(ckpt, base=base).eval()
-        bench = get_benchmark(task)
-        examples = load_examples(bench, split, data, limit, model_path=str(ckpt))
-        prompts = [tok(render_prompt(bench.template, ex), add_special_tokens=True)["input_ids"] for ex in examples]
+        model, tok = load_drafter(str(ckpt), dtype=dtype, device="cpu")                 # a LoRA adapter merged
+        prompts, bench = task_prompts(task, tok, split, data, limit, model_path=str(ckpt))
         longest, eos, pad = bench.template.max_new_tokens, tok.eos_token_id, tok.pad_token_id
     n_new = int(max_new_tokens or longest)
     d_max = model.mutor_config.d_max
@@ -109,7 +104,7 @@ def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):
     ``limit`` of its held-out graphs (those ``mutor eval --task run`` scores). Rendered as text: the run's
     tokenizer, up to eos, the evaluation's budget (the longest path + eos); as node ids: the path's nodes."""
     from mutor.data.star_graph import StarGraphShape, make_examples
-    from mutor.eval.harness import load_model_and_tokenizer
+    from mutor.eval.harness import load_drafter
     from mutor.methods.mutor import MuToRModel
     from mutor.run.recipe import load_recipe
     from mutor.utils.devices import resolve_dtype
@@ -129,10 +124,10 @@ def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):
         return model, [ex.prompt_ids() for ex in test[:limit]], shape.path_len, None, 0
     from mutor.data.star_graph_text import render
 
-    base, tok = load_model_and_tokenizer(str(ckpt), dtype=dtype, device="cpu")
+    model, tok = load_drafter(str(ckpt), dtype=dtype, device="cpu")
     longest = max(len(tok(render(ex)[1], add_special_tokens=False)["input_ids"]) for ex in test) + 1
     prompts = [tok(render(ex)[0], add_special_tokens=True)["input_ids"] for ex in test[:limit]]
-    return MuToRModel.from_pretrained(ckpt, base=base).eval(), prompts, longest, tok.eos_token_id, tok.pad_token_id
+    return model, prompts, longest, tok.eos_token_id, tok.pad_token_id
 
 
 def _code() -> str:

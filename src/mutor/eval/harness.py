@@ -53,6 +53,26 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
     return model, tok
 
 
+def load_drafter(path: str, tokenizer: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None):
+    """A MuToR checkpoint whose registers draft (``mutor.integrations.speculative``): its model (a LoRA adapter
+    merged, :func:`load_model_and_tokenizer`) wrapped with its sidecar, in eval mode, and its tokenizer."""
+    from ..methods.mutor import MuToRModel
+
+    if not (Path(path) / MuToRModel.config_file).is_file():
+        raise ValueError(f"drafting needs a MuToR checkpoint (model + mutor sidecar); {path} has no "
+                         f"{MuToRModel.config_file}")
+    base, tok = load_model_and_tokenizer(path, tokenizer, dtype=dtype, device=device)
+    return MuToRModel.from_pretrained(path, base=base).to(base.device).eval(), tok
+
+
+def task_prompts(task_name: str, tok, split: str = "test", data: Optional[str] = None, limit: Optional[int] = None,
+                 model_path: Optional[str] = None) -> tuple[list[list[int]], Benchmark]:
+    """The token ids of a benchmark split's prompts, as ``mutor eval`` feeds them, and the benchmark."""
+    benchmark = get_benchmark(task_name)
+    examples = load_examples(benchmark, split, data, limit, model_path=model_path)
+    return [tok(render_prompt(benchmark.template, ex), add_special_tokens=True)["input_ids"] for ex in examples], benchmark
+
+
 def run_info(path: str) -> dict:
     """``method``, ``seed``, ``prefix_attention`` of the run a model directory came from (recipe / sidecar)."""
     from ..utils.io import yaml_load
@@ -163,13 +183,8 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
 
     from ..integrations.draft_choice import DraftLength, DraftStats
     from ..integrations.speculative import generate
-    from ..methods.mutor import MuToRModel
 
-    if not (Path(model_path) / MuToRModel.config_file).is_file():
-        raise ValueError(f"--draft-registers needs a MuToR checkpoint (model + mutor sidecar); {model_path} has no "
-                         f"{MuToRModel.config_file}")
-    base, tok = load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)   # LoRA merged
-    drafter = MuToRModel.from_pretrained(model_path, base=base).to(base.device).eval()
+    drafter, tok = load_drafter(model_path, tokenizer, dtype=dtype, device=device)
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
     total, seconds = DraftStats(), 0.0
     # one chooser for the whole split: what it learns about acceptance and cost carries over between prompts
