@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from families import make_model
+from planted import plant
 
 import mutor.integrations.speculative as spec
 from benchmarks.draft_replay import compare, fixed, load_ratios, record, replay, row_costs
@@ -31,24 +32,7 @@ def _model(new: int, seed: int):
         target = base.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0)[0].tolist()
     assert 0 not in target[ids.shape[1]:]
     model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    marker, forward = model.register_embeddings.weight.detach()[0], base.forward
-
-    def fake(*args, inputs_embeds=None, position_ids=None, **kw):
-        out = forward(*args, inputs_embeds=inputs_embeds, position_ids=position_ids, **kw)
-        is_reg = (inputs_embeds[0] == marker).all(-1)                                  # (q,)
-        keep = kw.get("logits_to_keep")
-        rows = keep[0].nonzero().flatten().tolist() if torch.is_tensor(keep) else list(range(is_reg.numel()))
-        logits = out.logits if out.logits.dim() == 2 else out.logits[0]               # (len(rows), V)
-        for row in is_reg.nonzero().flatten().tolist():
-            p = int(position_ids[0, row]) + 1                                          # the index it predicts
-            tok = 0 if p >= len(target) or _hard(p) else target[p]
-            logits[rows.index(row)] = -1e4
-            logits[rows.index(row), tok] = 1e4
-        return out
-
-    base.forward = fake
+    plant(model, lambda p, k: 0 if p >= len(target) or _hard(p) else target[p])
     return ids, target, model
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from families import VOCAB, make_model
+from planted import plant
 
 import mutor.integrations.speculative as spec
 from mutor import MuToRConfig, MuToRModel
@@ -47,27 +48,10 @@ def test_eos_stops_as_generate_does():
 
 
 def _planted(model: MuToRModel, target: list[int], wrong_offset: int | None, K: int):
-    """Make the base model's register rows predict the oracle continuation (``target[p + 1]`` for a register
-    at position p), except offset ``wrong_offset``, which predicts a token the model never chooses."""
-    base = model.base_model
-    marker = model.register_embeddings.weight.detach()[0]
-    forward = base.forward
-
-    def fake(*args, inputs_embeds=None, position_ids=None, **kw):
-        out = forward(*args, inputs_embeds=inputs_embeds, position_ids=position_ids, **kw)
-        is_reg = (inputs_embeds[0] == marker).all(-1)                                  # (q,)
-        keep = kw.get("logits_to_keep")                                                # (1, q) rows with logits
-        rows = keep[0].nonzero().flatten().tolist() if torch.is_tensor(keep) else list(range(is_reg.numel()))
-        logits = out.logits if out.logits.dim() == 2 else out.logits[0]               # (len(rows), V)
-        for k, row in enumerate(is_reg.nonzero().flatten().tolist()):
-            d = 2 + k % (K - 1)
-            p = int(position_ids[0, row]) + 1                                          # the index it predicts
-            tok = 0 if d == wrong_offset or p >= len(target) else target[p]
-            logits[rows.index(row)] = -1e4
-            logits[rows.index(row), tok] = 1e4
-        return out
-
-    base.forward = fake
+    """Make the register rows predict the oracle continuation (``target[p + 1]`` for a register at position p),
+    except offset ``wrong_offset``, which predicts a token the model never chooses (K fixed: the registers of
+    a fed token come in groups of K-1, offsets 2..K)."""
+    plant(model, lambda p, k: 0 if 2 + k % (K - 1) == wrong_offset or p >= len(target) else target[p])
 
 
 def _oracle(new: int, wrong: int | None = None, seed: int = 4):
@@ -77,8 +61,6 @@ def _oracle(new: int, wrong: int | None = None, seed: int = 4):
     ids = _prompt(seed)
     target = _greedy(base, ids, new)[0].tolist()
     model = MuToRModel(base, MuToRConfig(d_max=4))
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
     _planted(model, target, wrong, K=4)
     return base, ids, target, model
 
@@ -499,21 +481,7 @@ def test_speculative_sampling_draws_from_the_models_own_distribution(with_eos):
     if with_eos:                                 # decoding stops after an eos first token: its row is one outcome
         exact[eos, eos], exact[eos, :eos], exact[eos, eos + 1:] = exact[eos].sum(), 0, 0
         q = 0.5 * q + 0.5 * torch.nn.functional.one_hot(torch.tensor(eos), VOCAB)   # half the drafts an eos
-    with torch.no_grad():
-        model.register_embeddings.weight.fill_(0.5)
-    marker = model.register_embeddings.weight.detach()[0]
-    forward = base.forward
-
-    def planted(*args, inputs_embeds=None, **kw):
-        out = forward(*args, inputs_embeds=inputs_embeds, **kw)
-        keep = kw.get("logits_to_keep")
-        if inputs_embeds is not None and torch.is_tensor(keep):
-            rows = keep[0].nonzero().flatten().tolist()
-            for row in (inputs_embeds[0] == marker).all(-1).nonzero().flatten().tolist():
-                out.logits[rows.index(row)] = T * q.clamp(min=1e-30).log()             # softmax(./T) = q
-        return out
-
-    base.forward = planted
+    plant(model, lambda p, k: T * q.clamp(min=1e-30).log())                          # softmax(./T) = q
     counts, total = _draws(model, ids, T, n, eos)
     assert 0.05 < total.accepted.get(2, 0) / total.offered[2] < 0.95      # drafts kept and rejected
     stat, df = _chi2(counts, exact, n)
