@@ -159,10 +159,21 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
     fig.savefig(path, dpi=110)
 
 
+def _degree(row: dict) -> Optional[int]:
+    """A star-graph run's degree: its ``data.degree=`` override, else its recipe's (None: not found)."""
+    for o in row.get("overrides") or []:
+        if str(o).startswith("data.degree="):
+            return int(str(o).split("=", 1)[1])
+    recipe = HERE.parents[1] / "src" / "mutor" / "configs" / f"{row.get('recipe')}.yaml"
+    found = re.search(r"^\s+degree:\s*(\d+)", recipe.read_text(), re.M) if recipe.is_file() else None
+    return int(found.group(1)) if found else None
+
+
 def curves(rows: list[dict], path: str) -> bool:
     """The evaluations logged during training (``per_checkpoint`` with ``eval_step``: star graphs), one panel per
-    group and measure (solve rate, first hop), a line per run: colour by method, line style by seed. Returns
-    whether any group had such a curve (no file otherwise)."""
+    group and measure (solve rate, first hop), a line per run: colour by method, line style by seed; a dotted
+    line at 1/degree, the "Clever Hans" plateau (guessing the first hop). Returns whether any group had such
+    a curve (no file otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,6 +195,9 @@ def curves(rows: list[dict], path: str) -> bool:
                 if pts:
                     ax.plot(*zip(*pts), color=colours.get(r["method"], "0.4"), ls=["-", "--", ":"][r["seed"] % 3],
                             marker="o", ms=3, label=f"{r['method']} s{r['seed']}")
+            degree = _degree(rs[0])
+            if degree:
+                ax.axhline(100 / degree, color="0.5", ls=":", lw=1, label=f"1/degree ({100 / degree:.0f} %)")
             ax.set_title(f"{group}: {m} (held-out, %)", fontsize=9)
             ax.set_xlabel("training step")
             ax.grid(alpha=0.3)
