@@ -160,13 +160,10 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
 
 
 def _degree(row: dict) -> Optional[int]:
-    """A star-graph run's degree: its ``data.degree=`` override, else its recipe's (None: not found)."""
-    for o in row.get("overrides") or []:
-        if str(o).startswith("data.degree="):
-            return int(str(o).split("=", 1)[1])
-    recipe = HERE.parents[1] / "src" / "mutor" / "configs" / f"{row.get('recipe')}.yaml"
-    found = re.search(r"^\s+degree:\s*(\d+)", recipe.read_text(), re.M) if recipe.is_file() else None
-    return int(found.group(1)) if found else None
+    """A star-graph run's degree, from its recipe with the group's overrides (None: the recipe sets none)."""
+    from mutor.run.recipe import load_recipe
+
+    return (load_recipe(row["recipe"], row.get("overrides")).data or {}).get("degree")
 
 
 def curves(rows: list[dict], path: str) -> bool:
@@ -189,13 +186,13 @@ def curves(rows: list[dict], path: str) -> bool:
     fig, axes = plt.subplots(len(groups), len(measures), figsize=(6 * len(measures), 3.6 * len(groups)), squeeze=False)
     colours = {"next_token": "C0", "mutor": "C3", "multi_token": "C2"}
     for row_axes, (group, rs) in zip(axes, sorted(groups.items())):
+        degree = _degree(rs[0])
         for ax, m in zip(row_axes, measures):
             for r in sorted(rs, key=lambda r: (r["method"], r["seed"])):
                 pts = [(h["eval_step"], 100 * h[f"eval_{m}"]) for h in r["per_checkpoint"] if f"eval_{m}" in h]
                 if pts:
                     ax.plot(*zip(*pts), color=colours.get(r["method"], "0.4"), ls=["-", "--", ":"][r["seed"] % 3],
                             marker="o", ms=3, label=f"{r['method']} s{r['seed']}")
-            degree = _degree(rs[0])
             if degree:
                 ax.axhline(100 / degree, color="0.5", ls=":", lw=1, label=f"1/degree ({100 / degree:.0f} %)")
             ax.set_title(f"{group}: {m} (held-out, %)", fontsize=9)

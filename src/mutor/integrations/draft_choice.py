@@ -76,12 +76,13 @@ class DraftLength:
     proportion (a full round may never be fed whole: answers end, drafts end at eos).
 
     Each round takes the draft with the most tokens per second, and plain decoding unless a draft beats it by
-    ``margin``; for this choice each in-answer ``p_d`` is taken ``optimism`` standard errors above its estimate
-    (an upper confidence bound, ``sqrt(p(1-p)/(n+2))`` with ``n`` the discounted count), because the errors are
-    not symmetric: a plain round feeds no register and observes nothing, so an acceptance estimated too low
-    keeps the chooser plain and is never corrected, while one too high is corrected by the very rounds it
-    causes (word reversal, 3 epochs, float32, 50 validation prompts replayed: 1.33x plain instead of 1.30x;
-    gsm bf16 1.45x instead of 1.43x; nowhere slower) (the model is rough: answers end before a draft's average, costs move with the machine's load). Which one wins depends on the machine, not
+    ``margin`` (the model is rough: answers end before a draft's average, costs move with the machine's load).
+    For this choice each in-answer ``p_d`` is taken ``optimism`` standard errors above its estimate (an upper
+    confidence bound, ``sqrt(p(1-p)/(n+2))`` with ``n`` the discounted count), because the errors are not
+    symmetric: a plain round feeds no register and observes nothing, so an acceptance estimated too low keeps
+    the chooser plain and is never corrected, while one too high is corrected by the very rounds it causes
+    (word reversal, 3 epochs, float32, 50 validation prompts replayed: 1.33x plain instead of 1.30x; gsm bf16
+    1.45x instead of 1.43x; nowhere slower). Which one wins depends on the machine, not
     only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
     long full drafts; where a forward of a few rows costs two or three of one row (float32 on a CPU, whose
     one-row products take a faster path), K = 1, which is plain greedy decoding, unless nearly every draft
@@ -136,12 +137,16 @@ class DraftLength:
         each acceptance ``optimism`` standard errors higher)."""
         offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
         total, run = 1.0, 1.0
-        for d in range(2, k + 1):                          # an offset never checked is worth nothing yet
-            if perfect or not offered[d]:
-                run *= 1.0 if perfect else 0.0
+        for d in range(2, k + 1):
+            if perfect:
+                p = 1.0
+            elif not offered[d]:                           # an offset never checked is worth nothing yet
+                p = 0.0
             else:
                 p = (accepted[d] + 1) / (offered[d] + 2)
-                run *= min(1.0, p + self.optimism * math.sqrt(p * (1 - p) / (offered[d] + 2))) if optimistic else p
+                if optimistic:
+                    p = min(1.0, p + self.optimism * math.sqrt(p * (1 - p) / (offered[d] + 2)))
+            run *= p
             total += run
         return total, run
 
