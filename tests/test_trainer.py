@@ -244,29 +244,31 @@ def _final_weights(run_dir: Path) -> dict:
     return {**load_file(str(run_dir / "model.safetensors")), **load_file(str(run_dir / "mutor.safetensors"))}
 
 
-@pytest.mark.parametrize("method", ["mutor", "next_token", "multi_token"])
-def test_resume_continues_exactly(tmp_path, method):
-    """6 steps straight == a run killed after checkpoint-3 and resumed in a new trainer (same offsets too)."""
+@pytest.mark.parametrize("method,tied", [("mutor", False), ("next_token", False), ("multi_token", False),
+                                         ("mutor", True)], ids=["mutor", "next_token", "multi_token", "mutor-tied"])
+def test_resume_continues_exactly(tmp_path, method, tied):
+    """6 steps straight == a run killed after checkpoint-3 and resumed in a new trainer (same offsets too); with
+    tied input / output embeddings too (SmolLM2's: the checkpoint then lacks lm_head.weight)."""
     import shutil
 
     from safetensors.torch import load_file
 
     a, b = tmp_path / "a", tmp_path / "b"
-    run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(a)}), quiet=True)
+    model = dict(RECIPE["model"], config_overrides={"tie_word_embeddings": True}) if tied else RECIPE["model"]
+    recipe = dict(RECIPE, method=method, model=model)
+    run_recipe(dict(recipe, training={**RECIPE["training"], "output_dir": str(a)}), quiet=True)
     b.mkdir()
     shutil.copytree(a / "checkpoint-3", b / "checkpoint-3")      # all an interrupted run would have left,
     shutil.copytree(a / "checkpoint-6", b / "checkpoint-6")      # and a checkpoint killed while being saved:
     (b / "checkpoint-6" / "trainer_state.json").unlink()          # Trainer writes trainer_state.json last
-    out = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
-                     quiet=True, resume=True)
+    out = run_recipe(dict(recipe, training={**RECIPE["training"], "output_dir": str(b)}), quiet=True, resume=True)
     assert out["runs"][0]["resumed_from"].endswith("checkpoint-3") and out["runs"][0]["global_step"] == 6
     _assert_same(load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors")))
     sidecar = {"mutor": "mutor.safetensors", "multi_token": "multi_token.safetensors"}.get(method)
     if sidecar:
         _assert_same(load_file(str(a / sidecar)), load_file(str(b / sidecar)))
     # and a finished run is skipped on --resume
-    again = run_recipe(dict(RECIPE, method=method, training={**RECIPE["training"], "output_dir": str(b)}),
-                       quiet=True, resume=True)
+    again = run_recipe(dict(recipe, training={**RECIPE["training"], "output_dir": str(b)}), quiet=True, resume=True)
     assert again["runs"][0]["resumed_from"].endswith("checkpoint-3")
 
 

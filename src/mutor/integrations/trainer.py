@@ -388,6 +388,18 @@ class MuToRTrainer(Trainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model=target.base_model)
         target.load_sidecar(resume_from_checkpoint)
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        w = self.training_wrapper()
+        if w is None:
+            return super()._issue_warnings_after_load(load_result)
+        # the keys were loaded into the base model (_load_from_checkpoint above), so Trainer's judgement of them
+        # (lm_head.weight missing where embeddings are tied, say) reads the base model's attributes
+        model, self.model = self.model, w.base_model
+        try:
+            super()._issue_warnings_after_load(load_result)
+        finally:
+            self.model = model
+
     def _load_best_model(self) -> None:
         if self.training_wrapper() is None:
             return super()._load_best_model()
