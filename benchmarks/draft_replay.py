@@ -242,6 +242,10 @@ def main(argv=None) -> int:
                          "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     args = ap.parse_args(argv)
+    if args.checkpoint is not None and args.task is None:
+        ap.error("--task is needed to record from a checkpoint: an evaluation task of mutor eval (e.g. reasoning_gym)")
+    if args.checkpoint is None and args.traces is None:
+        ap.error("give a checkpoint to record traces from, or --traces to replay")
     if args.checkpoint is not None:
         with torch.no_grad():
             model, tok, prompts, n_new, mode = _load(args)
