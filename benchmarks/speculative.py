@@ -60,13 +60,13 @@ def _prompts(run: Path, n: int, tok, data: str | None) -> tuple[list[list[int]],
         levels = int(opts.get("levels", 8))
         lay = ImageLayout(codebook_size=levels, num_classes=10, height=8, width=8, levels=levels)
         return [[lay.class_token(c)] for c in range(10)][:n], lay.num_tokens, "digits", False
-    from mutor.eval.harness import get_benchmark, task_prompts
+    from mutor.eval.benchmarks import BENCHMARKS
+    from mutor.eval.harness import task_prompts
 
     bench_name = {"gsm_symbolic": "gsm_symbolic", "reasoning_gym": "reasoning_gym"}.get(task, opts.get("dataset", task))
-    try:
-        get_benchmark(bench_name)
-    except (KeyError, ValueError) as err:
-        raise SystemExit(f"{run}: task {task!r}: not star_graph, digits or a task of mutor eval ({err})")
+    if bench_name not in BENCHMARKS:
+        raise SystemExit(f"{run}: task {task!r}: not star_graph, digits or a task of mutor eval "
+                         f"(known: {sorted(BENCHMARKS)})")
     prompts, bench = task_prompts(bench_name, tok, "test", data, n, model_path=str(run))
     return prompts, int(bench.template.max_new_tokens), bench_name, True
 
