@@ -147,7 +147,10 @@ class MuToRTrainer(Trainer):
         was = model.training
         model.eval()
         try:
-            return dict(self.task_evaluator(model, step))
+            # in training's precision whatever the method: accelerate autocasts the forward of the model it was
+            # given, which is the plain model itself for a plain next-token run but a wrapper around it otherwise
+            with self.accelerator.autocast():
+                return dict(self.task_evaluator(model, step))
         finally:
             model.train(was)
 
