@@ -138,23 +138,22 @@ def test_task_evaluator_runs_in_trainings_precision_for_every_method(tmp_path, b
     """The in-training task evaluation (star-graph curves) runs the plain model in training's precision, whether
     Trainer was given that model itself (plain next-token, whose forward accelerate autocasts) or a wrapper
     around it (whose forward, not the plain model's, accelerate autocasts): curves of both compare."""
-    data = [{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(8)]
     seen = {}
     for name in ("plain", "mutor"):
         base = tiny_causal_lm(259, seed=0)
         model = base if name == "plain" else MuToRModel(base, MuToRConfig(d_max=3))
+        data = _examples(8) if name == "mutor" else [{k: v for k, v in ex.items() if k != "offset_index"}
+                                                      for ex in _examples(8)]
 
         def evaluator(m, step, name=name):
-            out = m(input_ids=torch.tensor([[3, 4, 5]]))
-            dtypes = set()
+            dtypes = seen.setdefault(name, set())
             hook = m.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, i, o: dtypes.add(o.dtype))
             m(input_ids=torch.tensor([[3, 4, 5]]))
             hook.remove()
-            seen.setdefault(name, set()).update(dtypes)
-            return {"logits_finite": float(torch.isfinite(out.logits).all())}
+            return {"calls": 1.0}
 
-        MuToRTrainer(model=model, args=_args(tmp_path / name, max_steps=1, bf16=bf16),
-                     train_dataset=data if name == "plain" else _examples(8), data_collator=_WithOffsets() if name == "mutor" else PaddingCollator(),
+        MuToRTrainer(model=model, args=_args(tmp_path / name, max_steps=1, bf16=bf16), train_dataset=data,
+                     data_collator=_WithOffsets() if name == "mutor" else PaddingCollator(),
                      task_evaluator=evaluator).train()
     want = {torch.bfloat16 if bf16 else torch.float32}
     assert seen == {"plain": want, "mutor": want}
