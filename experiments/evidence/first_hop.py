@@ -1,0 +1,95 @@
+"""Do a star-graph MuToR run's registers predict the first hop, the one step that needs planning?
+
+Bachmann & Nagarajan's "Clever Hans" plateau: teacher forcing teaches a model to follow the edge out of the
+previous node, which solves every hop but the first; the first is then a guess among the arms (1/degree). The
+paper's claim (section 4.3) is that registers, trained to predict d >= 2 tokens ahead and never the next one,
+cannot take that shortcut for the first hop and so learn to plan. This measures the registers directly, on
+the run's held-out graphs (the final evaluation's ``generations.jsonl``), teacher-forced in one forward per
+graph with registers for every offset after every token (what drafting computes):
+
+* ``ntp``: the next-token head gets the first hop right (every token of it, each given the ones before);
+* ``d=k``: the register k tokens back gets every token of the first hop right (it sees the source, and no
+  token of the hop: a plan);
+* on the graphs whose arms start with different tokens (where that token alone names the arm):
+  ``*_first_token`` the same for the hop's first token, and ``d=k_an_arm`` how often the register names the
+  first token of some arm at all (1.0: it chooses among the arms; 1/degree correct: it guesses).
+
+    python experiments/evidence/first_hop.py /work/runs/evidence/sg-smollm2-g2-5/mutor_s0 [--limit 500] \
+        [--append experiments/evidence/first_hop.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def first_hop_rates(run: Path, limit: int) -> dict:
+    from transformers import AutoTokenizer, DynamicCache
+
+    from mutor.integrations import speculative as spec
+    from mutor.methods.mutor import MuToRModel
+
+    gens = run / "eval" / "run" / "final" / "test" / "generations.jsonl"
+    if not gens.exists():
+        raise SystemExit(f"{gens} not found: evaluate the run first (mutor eval --task run --model {run})")
+    if not (run / "mutor_config.json").exists():
+        raise SystemExit(f"{run} has no registers (no mutor_config.json): a MuToR run is needed")
+    records = [json.loads(line) for line in gens.read_text().splitlines()][:limit]
+    model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(run))
+    offsets = list(range(2, model.mutor_config.d_max + 1))
+    emb, vec = model.base_model.get_input_embeddings(), spec._register_vectors(model, offsets)
+    hits = {k: 0 for k in ["ntp", *(f"d={d}" for d in offsets), "ntp_first_token",
+                           *(f"d={d}_first_token" for d in offsets), *(f"d={d}_an_arm" for d in offsets)]}
+    split = 0
+    for r in records:
+        prompt = tok(r["prompt"], add_special_tokens=True)["input_ids"]
+        answer = tok(",".join(map(str, r["reference"])), add_special_tokens=False)["input_ids"]
+        commas = [i for i, t in enumerate(answer) if tok.decode([t]) == ","]
+        hop = range(commas[0] + 1, commas[1])                                 # the first hop's tokens
+        ids = torch.tensor([prompt])
+        _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, model.mutor_config.prefix_attention)
+        with torch.no_grad():
+            logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
+                                                     prompt_len)                # (m-a+R, V)
+        ntp = logits[: m - a].argmax(-1)                                      # (m-a,): row j predicts answer[j]
+        reg = logits[m - a:].argmax(-1).view(len(ends), len(offsets))         # (m-a, D): [j, d-2] predicts answer[j+d-1]
+        hits["ntp"] += all(ntp[i].item() == answer[i] for i in hop)
+        for d in offsets:
+            hits[f"d={d}"] += all(reg[i - d + 1, d - 2].item() == answer[i] for i in hop)
+        edges = [tuple(map(int, e.split(","))) for e in r["prompt"].split("/")[0].split("|")]
+        arms = {tok(str(v), add_special_tokens=False)["input_ids"][0] for u, v in edges if u == r["reference"][0]}
+        if len(arms) == sum(u == r["reference"][0] for u, _ in edges):        # the arms' first tokens differ
+            split += 1
+            i = hop[0]
+            hits["ntp_first_token"] += ntp[i].item() == answer[i]
+            for d in offsets:
+                hits[f"d={d}_first_token"] += reg[i - d + 1, d - 2].item() == answer[i]
+                hits[f"d={d}_an_arm"] += reg[i - d + 1, d - 2].item() in arms
+    n = len(records)
+    return {"run": str(run), "graphs": n, "graphs_arms_split_by_first_token": split,
+            **{k: round(v / (split if ("first_token" in k or "an_arm" in k) else n), 3) for k, v in hits.items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path, help="a finished, evaluated star-graph MuToR run directory")
+    ap.add_argument("--limit", type=int, default=500, help="held-out graphs (the first N of the evaluation)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--append", type=Path, default=None, help="also append the row to this JSONL file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    row = json.dumps(first_hop_rates(args.run, args.limit))
+    print(row)
+    if args.append is not None:
+        with args.append.open("a") as f:
+            f.write(row + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
