@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "evidence"))
@@ -313,3 +314,45 @@ def test_constant_answer_floor_of_a_gsm_symbolic_group_covers_both_test_splits(t
     monkeypatch.setattr(constant_answer, "gsm_symbolic_splits", lambda n, *a: splits if n == 3 else None)
     floors = {f["split"]: f["test_em"] for f in constant_answer.floors(p)}
     assert floors == {"test": 50.0, "test_new_templates": 0.0}
+
+
+def test_first_hop_probe_equals_plain_and_single_register_reference_forwards(tmp_path):
+    """experiments/evidence/first_hop.py reads, teacher-forced, the next-token head's prediction of each answer
+    token and the prediction of the register d tokens back; each equals a reference written from the paper's
+    rule: the plain model on prompt + path, and ONE register after x_t (position t+d-1, seeing x_<=t and itself,
+    which is a causal forward with the register last; the mask explicit, since transformers reads a jump in
+    position ids without one as the start of a packed sequence)."""
+    import first_hop
+    from transformers import AutoTokenizer
+
+    from mutor.eval.harness import evaluate_run_task
+    from mutor.methods.mutor import MuToRModel
+    from mutor.run.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "star_graph/g2-5-cpu", "method=mutor", "model.preset=tiny-llama", "model.tokenizer=byte",
+                 "data.render=text", "data.num_train=32", "data.num_test=3", "data.num_nodes=20", "data.path_len=4",
+                 "mutor.d_max=3", "training.max_steps=2", "training.eval_steps=2", "training.save_steps=2",
+                 "training.logging_steps=1", "training.report_to=[]", "--output-dir", str(out), "--quiet"]) == 0
+    evaluate_run_task(str(out), output_dir=str(out / "eval/run/final/test"), device="cpu")   # where the driver puts it
+    model = MuToRModel.from_pretrained(str(out), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    record = json.loads((out / "eval/run/final/test/generations.jsonl").read_text().splitlines()[0])
+    answer, hop, ntp, reg = first_hop.predictions(model, tok, record)
+    prompt = tok(record["prompt"], add_special_tokens=True)["input_ids"]
+    assert tok.decode(answer) == ",".join(map(str, record["reference"])) and tok.decode(answer[hop.start:hop.stop]) == str(record["reference"][1])
+    base, emb, vec = model.base_model, model.base_model.get_input_embeddings(), model.register_embeddings.weight[0]
+    seq = torch.tensor([prompt + answer])
+    with torch.no_grad():
+        plain = base(seq).logits[0].argmax(-1).tolist()                              # (T,)
+        assert ntp == plain[len(prompt) - 1: len(prompt) - 1 + len(answer)]
+        for d in (2, 3):
+            for i in range(d - 1, len(answer)):
+                t = len(prompt) + i - d                                            # the register follows x_t
+                x = torch.cat([emb(seq[:, : t + 1]), vec[None, None]], 1)          # (1, t+2, C)
+                pos = torch.tensor([list(range(t + 1)) + [t + d - 1]])
+                causal = torch.full((t + 2, t + 2), torch.finfo(x.dtype).min).triu(1)[None, None]   # additive,
+                ref = base(inputs_embeds=x, position_ids=pos, attention_mask=causal).logits[0, -1].argmax().item()
+                assert reg[d][i] == ref, (d, i)
+    rates = first_hop.first_hop_rates(out, limit=3)
+    assert rates["graphs"] == 3 and all(0.0 <= v <= 1.0 for k, v in rates.items() if k.startswith(("ntp", "d=")))

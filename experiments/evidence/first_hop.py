@@ -27,10 +27,33 @@ from pathlib import Path
 import torch
 
 
-def first_hop_rates(run: Path, limit: int) -> dict:
-    from transformers import AutoTokenizer, DynamicCache
+def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], dict[int, list]]:
+    """One graph, teacher-forced: ``(answer, hop, ntp, reg)``: the reference path's tokens, the first hop's
+    indices in them, ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the
+    prediction of ``answer[i]`` by the register ``d`` tokens back (None where that is before the answer)."""
+    from transformers import DynamicCache
 
     from mutor.integrations import speculative as spec
+
+    offsets = list(range(2, model.mutor_config.d_max + 1))
+    emb, vec = model.base_model.get_input_embeddings(), spec._register_vectors(model, offsets)
+    prompt = tok(record["prompt"], add_special_tokens=True)["input_ids"]
+    answer = tok(",".join(map(str, record["reference"])), add_special_tokens=False)["input_ids"]
+    commas = [i for i, t in enumerate(answer) if tok.decode([t]) == ","]
+    ids = torch.tensor([prompt])
+    _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, model.mutor_config.prefix_attention)
+    with torch.no_grad():
+        logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
+                                                 prompt_len)                    # (m-a+R, V)
+    ntp = logits[: m - a].argmax(-1).tolist()                                 # row j predicts answer[j]
+    regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()   # [j][d-2] predicts answer[j+d-1]
+    reg = {d: [regs[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
+    return answer, range(commas[0] + 1, commas[1]), ntp, reg
+
+
+def first_hop_rates(run: Path, limit: int) -> dict:
+    from transformers import AutoTokenizer
+
     from mutor.methods.mutor import MuToRModel
 
     gens = run / "eval" / "run" / "final" / "test" / "generations.jsonl"
@@ -42,34 +65,23 @@ def first_hop_rates(run: Path, limit: int) -> dict:
     model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(run))
     offsets = list(range(2, model.mutor_config.d_max + 1))
-    emb, vec = model.base_model.get_input_embeddings(), spec._register_vectors(model, offsets)
     hits = {k: 0 for k in ["ntp", *(f"d={d}" for d in offsets), "ntp_first_token",
                            *(f"d={d}_first_token" for d in offsets), *(f"d={d}_an_arm" for d in offsets)]}
     split = 0
     for r in records:
-        prompt = tok(r["prompt"], add_special_tokens=True)["input_ids"]
-        answer = tok(",".join(map(str, r["reference"])), add_special_tokens=False)["input_ids"]
-        commas = [i for i, t in enumerate(answer) if tok.decode([t]) == ","]
-        hop = range(commas[0] + 1, commas[1])                                 # the first hop's tokens
-        ids = torch.tensor([prompt])
-        _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, model.mutor_config.prefix_attention)
-        with torch.no_grad():
-            logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
-                                                     prompt_len)                # (m-a+R, V)
-        ntp = logits[: m - a].argmax(-1)                                      # (m-a,): row j predicts answer[j]
-        reg = logits[m - a:].argmax(-1).view(len(ends), len(offsets))         # (m-a, D): [j, d-2] predicts answer[j+d-1]
-        hits["ntp"] += all(ntp[i].item() == answer[i] for i in hop)
+        answer, hop, ntp, reg = predictions(model, tok, r)
+        hits["ntp"] += all(ntp[i] == answer[i] for i in hop)
         for d in offsets:
-            hits[f"d={d}"] += all(reg[i - d + 1, d - 2].item() == answer[i] for i in hop)
+            hits[f"d={d}"] += all(reg[d][i] == answer[i] for i in hop)
         edges = [tuple(map(int, e.split(","))) for e in r["prompt"].split("/")[0].split("|")]
         arms = {tok(str(v), add_special_tokens=False)["input_ids"][0] for u, v in edges if u == r["reference"][0]}
         if len(arms) == sum(u == r["reference"][0] for u, _ in edges):        # the arms' first tokens differ
             split += 1
             i = hop[0]
-            hits["ntp_first_token"] += ntp[i].item() == answer[i]
+            hits["ntp_first_token"] += ntp[i] == answer[i]
             for d in offsets:
-                hits[f"d={d}_first_token"] += reg[i - d + 1, d - 2].item() == answer[i]
-                hits[f"d={d}_an_arm"] += reg[i - d + 1, d - 2].item() in arms
+                hits[f"d={d}_first_token"] += reg[d][i] == answer[i]
+                hits[f"d={d}_an_arm"] += reg[d][i] in arms
     n = len(records)
     return {"run": str(run), "graphs": n, "graphs_arms_split_by_first_token": split,
             **{k: round(v / (split if ("first_token" in k or "an_arm" in k) else n), 3) for k, v in hits.items()}}
