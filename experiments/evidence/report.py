@@ -27,6 +27,15 @@ BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
 MEASURES = {"exact match (points)": "per_example", "answer loss (nats)": "answer_loss_per_example"}
 
 
+def _measure(row: dict, measure: str) -> str:
+    """The measure's name for this group: the per-example score is named by the group's primary metric
+    (exact match; a star graph's solve rate)."""
+    primary = row.get("primary", "accuracy")
+    if MEASURES[measure] != "per_example" or primary == "accuracy":
+        return measure
+    return f"{primary.replace('_', ' ')} (points)"
+
+
 def load(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -84,7 +93,7 @@ def comparisons(rows: list[dict]) -> list[dict]:
             for measure, key in MEASURES.items():
                 a, b = _per(r, split, key), _per(ref, split, key)
                 if a is not None and b is not None and len(a) == len(b):
-                    by[(r["group"], label, split, measure)].append((r["seed"], [x - y for x, y in zip(a, b)]))
+                    by[(r["group"], label, split, _measure(r, measure))].append((r["seed"], [x - y for x, y in zip(a, b)]))
     out = []
     for (group, label, split, measure), seeds in sorted(by.items()):
         per_seed = [(sd, *_mean_se(d), len(d)) for sd, d in sorted(seeds)]
@@ -140,9 +149,10 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measures = list(MEASURES)
-    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 0.6 * max(4, len(comps) // 2) + 1.5))
-    for ax, measure in zip(axes, measures):
+    measures = sorted({c["measure"] for c in comps}, key=lambda m: ("loss" in m, m))   # the scores, then losses
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 0.6 * max(4, len(comps) // 2) + 1.5),
+                             squeeze=False)
+    for ax, measure in zip(axes[0], measures):
         cs = [c for c in comps if c["measure"] == measure]
         labels = [f"{c['group']}: {c['comparison']} [{c['split']}]"
                   + (" (uninformative)" if c["group"] in (uninformative or {}) else "") for c in cs]
