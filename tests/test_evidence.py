@@ -160,6 +160,7 @@ groups:
     assert [(c["comparison"], c["split"]) for c in report.comparisons(rows)] == \
         [("mutor - next_token", s) for s in (["path_star", "test"] if rg else ["test"])]
     assert "test solve_rate %" in report.runs_table(rows)
+    assert {c["measure"] for c in report.comparisons(rows)} == {"solve rate (points)"}   # named by its primary metric
     assert report.curves(rows, str(tmp_path / "curves.png")) and (tmp_path / "curves.png").stat().st_size > 0
     assert not report.curves([{**r, "per_checkpoint": []} for r in rows], str(tmp_path / "none.png"))
     (draft,) = report.load(tmp_path / "drafting.jsonl")
