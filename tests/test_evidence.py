@@ -122,8 +122,8 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
 
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
     """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
-    example by example), the training's evaluations as the curve, and the MuToR run's registers as drafters on
-    its first held-out graphs; with ``sources: [path_star]`` (where reasoning-gym is installed) the final model on
+    example by example), the training's evaluations as the curve, the MuToR run's registers as drafters on
+    its first held-out graphs and their first-hop predictions (first_hop.py); with ``sources: [path_star]`` (where reasoning-gym is installed) the final model on
     reasoning-gym's graphs too, as a second split."""
     import importlib.util
 
@@ -132,13 +132,15 @@ def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_pat
     plan.write_text(f"""runs_dir: {tmp_path}/runs
 results: {tmp_path}/results.jsonl
 drafting: {{limit: 2}}
+first_hop: {{limit: 4}}
 groups:
   - name: sg
     recipe: star-graph
     epochs: 1
     steps_per_epoch: 2
     overrides: ["training.report_to=[]", training.eval_steps=1, training.logging_steps=1, data.num_train=32,
-                data.num_test=8, data.path_len=4, data.num_nodes=20, model.preset=tiny-llama]
+                data.num_test=8, data.path_len=4, data.num_nodes=20, model.preset=tiny-llama, data.render=text,
+                model.tokenizer=byte]
     runs:
       - {{method: next_token, seed: 0}}
       - {{method: mutor, seed: 0}}
@@ -164,8 +166,11 @@ groups:
     assert report.curves(rows, str(tmp_path / "curves.png")) and (tmp_path / "curves.png").stat().st_size > 0
     assert not report.curves([{**r, "per_checkpoint": []} for r in rows], str(tmp_path / "none.png"))
     (draft,) = report.load(tmp_path / "drafting.jsonl")
-    assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 4)
+    assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 12)   # 4 nodes as text, eos
     assert all(k["identical_to_greedy"] for k in draft["drafting"].values())
+    (hop,) = report.load(tmp_path / "first_hop.jsonl")     # the registers on the first hop, MuToR runs only
+    assert (hop["run"], hop["graphs"]) == ("mutor_s0", 4) and {"ntp", "d=2", "d=3"} <= set(hop)
+    assert "| sg | mutor_s0 | 4 |" in report.first_hop_table([hop])
 
 
 def _row(method: str, seed: int, scores: list[float], losses: list[float]) -> dict:

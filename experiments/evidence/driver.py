@@ -19,6 +19,9 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    checkpoint (``drafting.py``: acceptance per offset, tokens/s against greedy decoding at batch size 1),
    one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
    row does not is taken up again for this stage alone while its checkpoints are on disk.
+7. For a MuToR run of a star-graph group (``eval: {task: run}``), when the plan has a ``first_hop`` block: the
+   registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
+   row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
 
 A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
 whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
@@ -154,6 +157,7 @@ class Driver:
             self.runs_dir = Path(args.runs_dir)
         self.results = Path(args.results or REPO / plan["results"])
         self.drafting_results = self.results.with_name("drafting.jsonl")   # beside the results file
+        self.first_hop_results = self.results.with_name("first_hop.jsonl")
         self.children: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
         self.stopping = False
@@ -319,6 +323,25 @@ class Driver:
                 "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()), "code": commit,
                 "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
+    def needs_first_hop(self, run: Run) -> bool:
+        """A star-graph MuToR run whose first-hop row is missing (the plan's ``first_hop`` block; issue 26)."""
+        return (bool(self.plan.get("first_hop")) and run.method == "mutor" and run.group["eval"]["task"] == "run"
+                and run.key not in done_keys(self.first_hop_results))
+
+    def first_hop(self, run: Run, d: Path) -> dict:
+        """``first_hop.py`` on the final model: does each register offset predict the first hop?"""
+        f = d / "first_hop.json"
+        if not f.is_file():
+            limit = str(self.plan["first_hop"].get("limit", 500))
+            cmd = [sys.executable, str(HERE / "first_hop.py"), str(d), "--limit", limit, "--output", str(f)]
+            self.stage(run, d, "first hop", cmd)
+        return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed, "tag": run.tag,
+                **json.loads(f.read_text()), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def owes(self, run: Run) -> bool:
+        """A row of a later stage (drafting, first hop) is missing."""
+        return self.needs_drafting(run) or self.needs_first_hop(run)
+
     def append(self, row: dict, results: Optional[Path] = None) -> None:
         results = results or self.results
         with self.lock:
@@ -349,6 +372,11 @@ class Driver:
                 if not self.stopping:
                     self.append(row, self.drafting_results)
                     self.log(run, "drafting row written")
+            if not self.stopping and self.needs_first_hop(run):
+                row = self.first_hop(run, d)
+                if not self.stopping:
+                    self.append(row, self.first_hop_results)
+                    self.log(run, "first-hop row written")
         except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
             if not self.stopping:
                 self.log(run, f"FAILED: {err}")
@@ -384,8 +412,8 @@ class Driver:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         done = done_keys(self.results)
-        # a finished run still owes its drafting row while its checkpoints are on disk
-        todo = [r for r in runs if r.key not in done or (self.needs_drafting(r) and (
+        # a finished run still owes its drafting and first-hop rows while its checkpoints are on disk
+        todo = [r for r in runs if r.key not in done or (self.owes(r) and (
             self.runs_dir / r.group["name"] / r.name / "eval").is_dir())]
         active: list[threading.Thread] = []
         while todo and not self.stopping:

@@ -83,7 +83,7 @@ def first_hop_rates(run: Path, limit: int) -> dict:
                 hits[f"d={d}_first_token"] += reg[d][i] == answer[i]
                 hits[f"d={d}_an_arm"] += reg[d][i] in arms
     n = len(records)
-    return {"run": str(run), "graphs": n, "graphs_arms_split_by_first_token": split,
+    return {"checkpoint": str(run), "graphs": n, "graphs_arms_split_by_first_token": split,
             **{k: round(v / (split if ("first_token" in k or "an_arm" in k) else n), 3) for k, v in hits.items()}}
 
 
@@ -93,10 +93,13 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=500, help="held-out graphs (the first N of the evaluation)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--append", type=Path, default=None, help="also append the row to this JSONL file")
+    ap.add_argument("--output", type=Path, default=None, help="also write the row to this JSON file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     row = json.dumps(first_hop_rates(args.run, args.limit))
     print(row)
+    if args.output is not None:
+        args.output.write_text(row + "\n")
     if args.append is not None:
         with args.append.open("a") as f:
             f.write(row + "\n")

@@ -272,6 +272,23 @@ def replace_between(text: str, body: str) -> str:
     return re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{body}\n{END}", text, flags=re.S)
 
 
+def first_hop_table(hops: list[dict]) -> str:
+    """The registers on the first hop (first_hop.jsonl): per star-graph MuToR run, the next-token head's and each
+    register offset's teacher-forced first-hop accuracy, and on the graphs whose arms start with different
+    tokens the first token's, with how often the register names an arm at all."""
+    offsets = sorted({k.split("_")[0] for h in hops for k in h if k.startswith("d=")}, key=lambda k: int(k[2:]))
+    out = ["| group | run | graphs | first hop right: ntp, " + ", ".join(offsets) + " | graphs split by first token "
+           "| first token right: ntp, " + ", ".join(offsets) + " | register names an arm: " + ", ".join(offsets) + " |",
+           "|---|---|---|---|---|---|---|"]
+    pct = lambda h, keys: ", ".join("-" if h.get(k) is None else f"{100 * h[k]:.1f}" for k in keys)  # noqa: E731
+    for h in sorted(hops, key=lambda h: (h["group"], h["seed"], h["run"])):
+        out.append(f"| {h['group']} | {h['run']} | {h['graphs']} | {pct(h, ['ntp', *offsets])} | "
+                   f"{h['graphs_arms_split_by_first_token']} | "
+                   f"{pct(h, ['ntp_first_token', *(f'{d}_first_token' for d in offsets)])} | "
+                   f"{pct(h, [f'{d}_an_arm' for d in offsets])} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
@@ -295,6 +312,11 @@ def main(argv=None) -> int:
                "and whether registers follow every fed token or the last one only; x greedy is the ratio of tokens per "
                "second; a run measured again with newer drafting code shows its latest row; a prompt can differ from "
                "greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
+    hops = load(args.results.with_name("first_hop.jsonl"))
+    if hops:
+        md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning (experiments/evidence/"
+               "first_hop.py: teacher-forced on the run's held-out graphs, in %; a register d tokens back sees the "
+               "source and no token of the hop; a coin flip between two arms scores 50):\n\n" + first_hop_table(hops))
     print(md)
     if args.readme:
         p = Path(args.readme)
