@@ -9,7 +9,8 @@ graph with registers for every offset after every token (what drafting computes)
 
 * ``ntp``: the next-token head gets the first hop right (every token of it, each given the ones before);
 * ``d=k``: the register k tokens back gets every token of the first hop right (it sees the source, and no
-  token of the hop: a plan);
+  token of the hop: a plan), on the graphs where that register exists (training places registers only after
+  the answer's tokens and the token before it, so with a one-token source there is none 4 tokens back);
 * on the graphs whose arms start with different tokens (where that token alone names the arm):
   ``*_first_token`` the same for the hop's first token, and ``d=k_an_arm`` how often the register names the
   first token of some arm at all (1.0: it chooses among the arms; 1/degree correct: it guesses).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -65,26 +67,27 @@ def first_hop_rates(run: Path, limit: int) -> dict:
     model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(run))
     offsets = list(range(2, model.mutor_config.d_max + 1))
-    hits = {k: 0 for k in ["ntp", *(f"d={d}" for d in offsets), "ntp_first_token",
-                           *(f"d={d}_first_token" for d in offsets), *(f"d={d}_an_arm" for d in offsets)]}
-    split = 0
+    hits, seen = Counter(), Counter()                  # per measure: right, and graphs where it exists
     for r in records:
         answer, hop, ntp, reg = predictions(model, tok, r)
-        hits["ntp"] += all(ntp[i] == answer[i] for i in hop)
-        for d in offsets:
-            hits[f"d={d}"] += all(reg[d][i] == answer[i] for i in hop)
         edges = [tuple(map(int, e.split(","))) for e in r["prompt"].split("/")[0].split("|")]
         arms = {tok(str(v), add_special_tokens=False)["input_ids"][0] for u, v in edges if u == r["reference"][0]}
-        if len(arms) == sum(u == r["reference"][0] for u, _ in edges):        # the arms' first tokens differ
-            split += 1
-            i = hop[0]
-            hits["ntp_first_token"] += ntp[i] == answer[i]
-            for d in offsets:
-                hits[f"d={d}_first_token"] += reg[d][i] == answer[i]
-                hits[f"d={d}_an_arm"] += reg[d][i] in arms
-    n = len(records)
-    return {"checkpoint": str(run), "graphs": n, "graphs_arms_split_by_first_token": split,
-            **{k: round(v / (split if ("first_token" in k or "an_arm" in k) else n), 3) for k, v in hits.items()}}
+        split = len(arms) == sum(u == r["reference"][0] for u, _ in edges)  # the arms' first tokens differ
+        i = hop[0]
+        for name, pred in [("ntp", ntp), *((f"d={d}", reg[d]) for d in offsets)]:
+            if pred[i] is None:                        # no register d tokens before the hop (it would sit in the
+                continue                               # prompt, where training places none)
+            seen[name] += 1
+            hits[name] += all(pred[j] == answer[j] for j in hop)
+            if split:
+                seen[f"{name}_first_token"] += 1
+                hits[f"{name}_first_token"] += pred[i] == answer[i]
+                if name != "ntp":
+                    seen[f"{name}_an_arm"] += 1
+                    hits[f"{name}_an_arm"] += pred[i] in arms
+    rates = {k: round(hits[k] / seen[k], 3) for k in seen}
+    return {"checkpoint": str(run), "graphs": len(records), "graphs_arms_split_by_first_token": seen["ntp_first_token"],
+            **rates, "graphs_per_measure": dict(seen)}
 
 
 def main(argv=None) -> int:
