@@ -362,3 +362,27 @@ def test_first_hop_probe_equals_plain_and_single_register_reference_forwards(tmp
                 assert reg[d][i] == ref, (d, i)
     rates = first_hop.first_hop_rates(out, limit=3)
     assert rates["graphs"] == 3 and all(0.0 <= v <= 1.0 for k, v in rates.items() if k.startswith(("ntp", "d=")))
+
+
+def test_first_hop_probe_rebuilds_a_token_id_runs_held_out_graphs(tmp_path):
+    """A token-id star-graph run (the default job's rendering, no tokenizer): first_hop.py rebuilds the run's
+    held-out graphs from its recipe; the first hop is the answer's second token, one of the source's arms."""
+    import first_hop
+
+    from mutor.data.star_graph import NUM_SPECIAL
+    from mutor.methods.mutor import MuToRModel
+    from mutor.run.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "star-graph", "method=mutor", "data.num_train=32", "data.num_test=4", "data.path_len=4",
+                 "data.num_nodes=20", "training.max_steps=2", "training.eval_steps=2", "training.save_steps=2",
+                 "training.logging_steps=1", "training.report_to=[]", "--output-dir", str(out), "--quiet"]) == 0
+    run = next(p.parent for p in out.rglob("mutor_config.json") if (p.parent / "recipe.yaml").exists())
+    model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
+    graphs = list(first_hop._graphs(run, 10, model))
+    assert len(graphs) == 4
+    for answer, hop, ntp, reg, arms in graphs:
+        assert hop == range(1, 2) and answer[1] in arms and len(arms) == 2 and min(arms) >= NUM_SPECIAL
+        assert len(ntp) == len(answer) and reg[2][0] is None and reg[2][1] is not None
+    rates = first_hop.first_hop_rates(run, limit=4)
+    assert rates["graphs"] == 4 and rates["graphs_per_measure"]["d=2"] == 4

@@ -4,8 +4,9 @@ Bachmann & Nagarajan's "Clever Hans" plateau: teacher forcing teaches a model to
 previous node, which solves every hop but the first; the first is then a guess among the arms (1/degree). The
 paper's claim (section 4.3) is that registers, trained to predict d >= 2 tokens ahead and never the next one,
 cannot take that shortcut for the first hop and so learn to plan. This measures the registers directly, on
-the run's held-out graphs (the final evaluation's ``generations.jsonl``), teacher-forced in one forward per
-graph with registers for every offset after every token (what drafting computes):
+the run's held-out graphs (a text run: the final evaluation's ``generations.jsonl``; a token-id run such as the
+default job: rebuilt from its recipe), teacher-forced in one forward per graph with registers for every offset
+after every token (what drafting computes):
 
 * ``ntp``: the next-token head gets the first hop right (every token of it, each given the ones before);
 * ``d=k``: the register k tokens back gets every token of the first hop right (it sees the source, and no
@@ -29,9 +30,9 @@ from pathlib import Path
 import torch
 
 
-def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], dict[int, list]]:
-    """One graph, teacher-forced: ``(answer, hop, ntp, reg)``: the reference path's tokens, the first hop's
-    indices in them, ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the
+def teacher_forced(model, prompt: list[int], answer: list[int]) -> tuple[list[int], dict[int, list]]:
+    """One forward of ``prompt + answer`` with registers for every offset after the prompt and every answer token:
+    ``(ntp, reg)``, ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the
     prediction of ``answer[i]`` by the register ``d`` tokens back (None where that is before the answer)."""
     from transformers import DynamicCache
 
@@ -39,9 +40,6 @@ def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], 
 
     offsets = list(range(2, model.mutor_config.d_max + 1))
     emb, vec = model.base_model.get_input_embeddings(), spec._register_vectors(model, offsets)
-    prompt = tok(record["prompt"], add_special_tokens=True)["input_ids"]
-    answer = tok(",".join(map(str, record["reference"])), add_special_tokens=False)["input_ids"]
-    commas = [i for i, t in enumerate(answer) if tok.decode([t]) == ","]
     ids = torch.tensor([prompt])
     _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, model.mutor_config.prefix_attention)
     with torch.no_grad():
@@ -49,30 +47,60 @@ def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], 
                                                  prompt_len)                    # (m-a+R, V)
     ntp = logits[: m - a].argmax(-1).tolist()                                 # row j predicts answer[j]
     regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()   # [j][d-2] predicts answer[j+d-1]
-    reg = {d: [regs[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
-    return answer, range(commas[0] + 1, commas[1]), ntp, reg
+    return ntp, {d: [regs[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
+
+
+def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], dict[int, list]]:
+    """One graph rendered as text (a record of the final evaluation), teacher-forced: ``(answer, hop, ntp, reg)``,
+    the reference path's tokens, the first hop's indices in them and :func:`teacher_forced`'s predictions."""
+    prompt = tok(record["prompt"], add_special_tokens=True)["input_ids"]
+    answer = tok(",".join(map(str, record["reference"])), add_special_tokens=False)["input_ids"]
+    commas = [i for i, t in enumerate(answer) if tok.decode([t]) == ","]
+    return (answer, range(commas[0] + 1, commas[1]), *teacher_forced(model, prompt, answer))
+
+
+def _graphs(run: Path, limit: int, model):
+    """Per held-out graph: ``(answer, hop, ntp, reg, arms)``, ``arms`` the first tokens of the source's
+    out-neighbours. Text runs (``render: text``) read the final evaluation's records; token-id runs (the default
+    job: one token per node) rebuild the run's held-out graphs from its recipe."""
+    from mutor.data.star_graph import NUM_SPECIAL, StarGraphShape, split_examples
+    from mutor.utils.io import yaml_load
+
+    recipe = yaml_load((run / "recipe.yaml").read_text(), "recipe")
+    data = recipe["data"]
+    if data.get("render", "ids") == "text":
+        from transformers import AutoTokenizer
+
+        gens = run / "eval" / "run" / "final" / "test" / "generations.jsonl"
+        if not gens.exists():
+            raise SystemExit(f"{gens} not found: evaluate the run first (mutor eval --task run --model {run})")
+        tok = AutoTokenizer.from_pretrained(str(run))
+        for r in [json.loads(line) for line in gens.read_text().splitlines()][:limit]:
+            edges = [tuple(map(int, e.split(","))) for e in r["prompt"].split("/")[0].split("|")]
+            arms = [tok(str(v), add_special_tokens=False)["input_ids"][0] for u, v in edges if u == r["reference"][0]]
+            yield (*predictions(model, tok, r), arms)
+        return
+    shape = StarGraphShape.from_options(data)
+    _, test = split_examples(shape, int(data.get("num_train", 20_000)), int(data.get("num_test", 500)),
+                             int(data.get("data_seed", recipe["seed"])))
+    for ex in test[:limit]:
+        answer = ex.answer_ids()
+        arms = [NUM_SPECIAL + v for u, v in ex.edges if u == ex.source]
+        yield (answer, range(1, 2), *teacher_forced(model, ex.prompt_ids(), answer), arms)
 
 
 def first_hop_rates(run: Path, limit: int) -> dict:
-    from transformers import AutoTokenizer
-
     from mutor.methods.mutor import MuToRModel
 
-    gens = run / "eval" / "run" / "final" / "test" / "generations.jsonl"
-    if not gens.exists():
-        raise SystemExit(f"{gens} not found: evaluate the run first (mutor eval --task run --model {run})")
     if not (run / "mutor_config.json").exists():
         raise SystemExit(f"{run} has no registers (no mutor_config.json): a MuToR run is needed")
-    records = [json.loads(line) for line in gens.read_text().splitlines()][:limit]
     model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(run))
     offsets = list(range(2, model.mutor_config.d_max + 1))
     hits, seen = Counter(), Counter()                  # per measure: right, and graphs where it exists
-    for r in records:
-        answer, hop, ntp, reg = predictions(model, tok, r)
-        edges = [tuple(map(int, e.split(","))) for e in r["prompt"].split("/")[0].split("|")]
-        arms = {tok(str(v), add_special_tokens=False)["input_ids"][0] for u, v in edges if u == r["reference"][0]}
-        split = len(arms) == sum(u == r["reference"][0] for u, _ in edges)  # the arms' first tokens differ
+    graphs = 0
+    for answer, hop, ntp, reg, arms in _graphs(run, limit, model):
+        graphs += 1
+        split = len(set(arms)) == len(arms)            # the arms' first tokens differ
         i = hop[0]
         for name, pred in [("ntp", ntp), *((f"d={d}", reg[d]) for d in offsets)]:
             if pred[i] is None:                        # no register d tokens before the hop (it would sit in the
@@ -86,7 +114,7 @@ def first_hop_rates(run: Path, limit: int) -> dict:
                     seen[f"{name}_an_arm"] += 1
                     hits[f"{name}_an_arm"] += pred[i] in arms
     rates = {k: round(hits[k] / seen[k], 3) for k in seen}
-    return {"checkpoint": str(run), "graphs": len(records), "graphs_arms_split_by_first_token": seen["ntp_first_token"],
+    return {"checkpoint": str(run), "graphs": graphs, "graphs_arms_split_by_first_token": seen["ntp_first_token"],
             **rates, "graphs_per_measure": dict(seen)}
 
 
