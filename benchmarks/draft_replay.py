@@ -42,22 +42,12 @@ def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], pr
     """``{"prompt_len", "answer", "drafts"}``: greedy answer (through eos, at most ``max_new_tokens``) and
     ``drafts[j]``: the registers' greedy draft (offsets 2..d_max) after the prompt (j = 0) or after ``answer[j-1]``,
     which proposes ``answer[j+1], answer[j+2], ...``."""
-    from transformers import DynamicCache
-
     from mutor.integrations import speculative as spec
 
-    ids = torch.tensor([prompt])
-    out, _ = spec.generate(model, ids, max_new_tokens, 1, eos_token_id=[] if eos is None else eos,
+    out, _ = spec.generate(model, torch.tensor([prompt]), max_new_tokens, 1, eos_token_id=[] if eos is None else eos,
                            prefix_attention=prefix_attention)
     answer = out[0, len(prompt):].tolist()
-    _, k_max, prompt_len, _ = spec._checked_arguments(model, ids, max_new_tokens, "auto", eos, prefix_attention)
-    offsets = list(range(2, k_max + 1))
-    emb = model.base_model.get_input_embeddings()
-    vec = spec._register_vectors(model, offsets)
-    with torch.no_grad():
-        logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
-                                                 prompt_len)                        # (m-a+R, V)
-    regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()          # (len(answer), K-1)
+    _, regs = spec.teacher_forced_drafts(model, prompt, answer, prefix_attention)      # (len(answer), K-1)
     return {"prompt_len": len(prompt), "answer": answer, "drafts": regs}
 
 

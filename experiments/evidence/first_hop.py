@@ -31,23 +31,14 @@ import torch
 
 
 def teacher_forced(model, prompt: list[int], answer: list[int]) -> tuple[list[int], dict[int, list]]:
-    """One forward of ``prompt + answer`` with registers for every offset after the prompt and every answer token:
-    ``(ntp, reg)``, ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the
-    prediction of ``answer[i]`` by the register ``d`` tokens back (None where that is before the answer)."""
-    from transformers import DynamicCache
+    """``(ntp, reg)``: ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the prediction
+    of ``answer[i]`` by the register ``d`` tokens back (None where that is before the answer), from one forward
+    (:func:`mutor.integrations.speculative.teacher_forced_drafts`)."""
+    from mutor.integrations.speculative import teacher_forced_drafts
 
-    from mutor.integrations import speculative as spec
-
-    offsets = list(range(2, model.mutor_config.d_max + 1))
-    emb, vec = model.base_model.get_input_embeddings(), spec._register_vectors(model, offsets)
-    ids = torch.tensor([prompt])
-    _, _, prompt_len, _ = spec._checked_arguments(model, ids, 1, "auto", None, model.mutor_config.prefix_attention)
-    with torch.no_grad():
-        logits, m, a, ends = spec._draft_forward(model, emb, vec, offsets, DynamicCache(), ids[0], answer[:-1],
-                                                 prompt_len)                    # (m-a+R, V)
-    ntp = logits[: m - a].argmax(-1).tolist()                                 # row j predicts answer[j]
-    regs = logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()   # [j][d-2] predicts answer[j+d-1]
-    return ntp, {d: [regs[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
+    ntp, drafts = teacher_forced_drafts(model, prompt, answer)              # drafts[j][d-2] predicts answer[j+d-1]
+    offsets = range(2, model.mutor_config.d_max + 1)
+    return ntp, {d: [drafts[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
 
 
 def predictions(model, tok, record: dict) -> tuple[list[int], range, list[int], dict[int, list]]:

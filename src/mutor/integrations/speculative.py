@@ -260,6 +260,23 @@ def _draft_forward(
     return logits, m, a, ends
 
 
+def teacher_forced_drafts(model: MuToRModel, prompt: list[int], answer: list[int],
+                          prefix_attention: Optional[str] = None) -> tuple[list[int], list[list[int]]]:
+    """What drafting computes round by round, for a known answer in one forward: ``prompt + answer[:-1]`` with
+    registers for offsets 2..d_max after the prompt's last token and after every answer token but the last.
+    Returns ``(ntp, drafts)``: ``ntp[j]`` the regular greedy prediction of ``answer[j]``, ``drafts[j]`` the
+    registers' greedy draft after the prompt (j = 0) or after ``answer[j-1]``, proposing ``answer[j+1], ...``."""
+    ids = torch.tensor([prompt])
+    _, k_max, prompt_len, _ = _checked_arguments(model, ids, 1, "auto", None, prefix_attention)
+    offsets = list(range(2, k_max + 1))
+    with torch.no_grad():
+        logits, m, a, ends = _draft_forward(model, model.base_model.get_input_embeddings(),
+                                            _register_vectors(model, offsets), offsets, DynamicCache(), ids[0],
+                                            answer[:-1], prompt_len)                      # (m-a+R, V)
+    ntp = logits[: m - a].argmax(-1).tolist()                                           # row j predicts answer[j]
+    return ntp, logits[m - a:].argmax(-1).view(len(ends), len(offsets)).tolist()        # (len(answer), K-1)
+
+
 def _verify(draft: list[int], greedy: list[int], stats: DraftStats) -> int:
     """How many draft tokens are kept: ``draft[i]`` proposes ``x_{e+2+i}`` and is kept while it equals the
     model's greedy choice ``greedy[i]`` (after ``feed[a + i]``); counts offered and accepted drafts per offset
