@@ -77,6 +77,11 @@ class Run:
         return self.group["name"], self.name
 
     @property
+    def identity(self) -> dict:
+        """The fields that open each side row (drafting, first hop)."""
+        return {"group": self.group["name"], "run": self.name, "method": self.method, "seed": self.seed, "tag": self.tag}
+
+    @property
     def steps(self) -> int:
         return self.epochs * self.group["steps_per_epoch"]
 
@@ -319,9 +324,8 @@ class Driver:
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
             self.stage(run, d, "drafting", cmd)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed, "tag": run.tag,
-                "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()), "code": commit,
-                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        return {**run.identity, "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()),
+                "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def needs_first_hop(self, run: Run) -> bool:
         """A star-graph MuToR run whose first-hop row is missing (the plan's ``first_hop`` block; issue 26)."""
@@ -335,8 +339,7 @@ class Driver:
             limit = str(self.plan["first_hop"].get("limit", 500))
             cmd = [sys.executable, str(HERE / "first_hop.py"), str(d), "--limit", limit, "--output", str(f)]
             self.stage(run, d, "first hop", cmd)
-        return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed, "tag": run.tag,
-                **json.loads(f.read_text()), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        return {**run.identity, **json.loads(f.read_text()), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def owes(self, run: Run) -> bool:
         """A row of a later stage (drafting, first hop) is missing."""
