@@ -386,3 +386,47 @@ def test_first_hop_probe_rebuilds_a_token_id_runs_held_out_graphs(tmp_path):
         assert len(ntp) == len(answer) and reg[2][0] is None and reg[2][1] is not None
     rates = first_hop.first_hop_rates(run, limit=4)
     assert rates["graphs"] == 4 and rates["graphs_per_measure"]["d=2"] == 4
+
+
+def test_grad_share_parts_add_up_to_the_training_gradient_and_read_one_without_registers(tmp_path):
+    """experiments/evidence/grad_share.py splits a MuToR forward's gradient into its (1-a)·L_ntp and a·L_reg parts:
+    on the model's weights (not the register embedding) they add up to the gradient of the loss training
+    minimises, with the same offsets. Its Adam-step ratio follows the docstring's formula: computed by hand on
+    two batches of a one-weight model, and exactly 1 (MuToR takes next-token's step) where the register part
+    is zero."""
+    import grad_share
+
+    from mutor.methods.mutor import MuToRModel
+    from mutor.run.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "star_graph/g2-5-cpu", "method=mutor", "model.preset=tiny-llama", "data.num_train=16",
+                 "data.num_test=2", "data.num_nodes=20", "data.path_len=4", "mutor.d_max=3", "training.max_steps=1",
+                 "training.eval_steps=1", "training.save_steps=1", "training.logging_steps=1",
+                 "training.report_to=[]", "--output-dir", str(out), "--quiet"]) == 0
+    model = MuToRModel.from_pretrained(str(out), dtype=torch.float32).train()
+    batch = grad_share.training_batches(out, 1, 4)[0]
+    parts = grad_share.gradient_parts(model, [batch], seed=3)
+    torch.manual_seed(3)
+    model.zero_grad()
+    model(**batch).loss.backward()
+    params, own = model.parameter_groups()
+    assert own and all(p.grad is not None for p in own)        # the register embedding: excluded from the probe
+    for p, g_ntp, g_reg in zip(params, parts["sums"]["ntp"], parts["sums"]["reg"]):
+        torch.testing.assert_close(g_ntp + g_reg, p.grad, rtol=1e-4, atol=1e-6)
+    row = grad_share.probe(out, "", batches=2, micro_batch=4)
+    assert row["batches"] == 2 and row["loss_weight"] == model.mutor_config.loss_weight and row["ntp_grad_norm"] > 0
+
+    a = 0.25                                                   # by hand: one weight, two batches
+    gn, gr = torch.tensor([[1.0, -2.0], [3.0, 0.5]]), torch.tensor([[2.0, 1.0], [-1.0, 4.0]])   # (batch, weight)
+    sums = {"ntp": [gn.sum(0)], "reg": [gr.sum(0)], "v_mix": [(gn + gr).pow(2).sum(0)], "v_ntp": [(gn / (1 - a)).pow(2).sum(0)]}
+    got = grad_share.shares({"sums": sums, "batch_cosines": [0.0, 0.0], "batches": 2, "loss_weight": a})
+    u_ntp = gn.mean(0) / (gn + gr).pow(2).mean(0).sqrt()
+    u_ref = (gn / (1 - a)).mean(0) / (gn / (1 - a)).pow(2).mean(0).sqrt()
+    u_all = (gn + gr).mean(0) / (gn + gr).pow(2).mean(0).sqrt()
+    assert got["ntp_step_ratio"] == pytest.approx(float(u_ntp.norm() / u_ref.norm()), abs=1e-4)
+    assert got["step_along_ntp"] == pytest.approx(float(u_all @ u_ref / u_ref.norm() ** 2), abs=1e-4)
+    assert got["cosine"] == pytest.approx(float(gn.mean(0) @ gr.mean(0) / gn.mean(0).norm() / gr.mean(0).norm()), abs=1e-4)
+    no_reg = {**sums, "reg": [torch.zeros(2)], "v_mix": [gn.pow(2).sum(0)]}
+    got = grad_share.shares({"sums": no_reg, "batch_cosines": [], "batches": 2, "loss_weight": a})
+    assert got["ntp_step_ratio"] == pytest.approx(1.0, abs=1e-4) and got["step_along_ntp"] == pytest.approx(1.0, abs=1e-4)
