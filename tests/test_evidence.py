@@ -193,6 +193,25 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
     assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
 
 
+def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_same_seed():
+    """A group the plan gives a ``reference`` (rg-word-reversal-half-lr) is paired with that group's runs of the
+    listed methods, seed by seed; every other group still only with its own next-token runs."""
+    rows = []
+    for seed in range(3):
+        rows += [_row("next_token", seed, [1.0] * 40, [0.0] * 40), _row("mutor", seed, [0.0] * 40, [0.0] * 40),
+                 {**_row("next_token", seed, [float(i % 2) for i in range(40)], [0.0] * 40), "group": "diag",
+                  "run": f"next_token_s{seed}_half-lr", "tag": "half-lr"}]
+    refs = {"diag": {"group": "g", "methods": ["next_token", "mutor"]}}
+    em = {c["comparison"]: c for c in report.comparisons(rows, refs) if c["measure"] == "exact match (points)"}
+    assert set(em) == {"mutor - next_token", "next_token (half-lr) - next_token [g]", "next_token (half-lr) - mutor [g]"}
+    assert em["next_token (half-lr) - next_token [g]"]["mean"] == pytest.approx(-50.0)
+    assert em["next_token (half-lr) - mutor [g]"]["mean"] == pytest.approx(50.0)
+    assert "worse than next_token [g] beyond 2 s.e." in report.verdict([em["next_token (half-lr) - next_token [g]"]])
+    assert not [c for c in report.comparisons(rows) if c["group"] == "diag"]      # without the plan: no baseline
+    shipped = report.references(driver.HERE / "plan.yaml")
+    assert shipped["rg-word-reversal-half-lr"] == {"group": "rg-word-reversal", "methods": ["next_token", "mutor"]}
+
+
 def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40) for s in range(3) for m in ("next_token", "mutor")]
     comps = report.comparisons(rows)

@@ -1,7 +1,8 @@
 """The evidence rows (results.jsonl) as the README's tables, a plot and a verdict.
 
 Every comparison is paired: a run against next-token of the same group and seed (the same initialisation,
-data and batch order), per example of the same held-out items. For each seed, the mean per-example
+data and batch order), per example of the same held-out items; a diagnostic group that the plan gives a
+``reference`` against that group's runs of the methods it names, instead. For each seed, the mean per-example
 difference and its standard error; over seeds, the mean of the per-seed differences with two standard
 errors: the seed-to-seed spread (s.d. of the per-seed means / sqrt(seeds), from 3 seeds on) and the
 pooled per-example one. A difference is claimed only when it lies beyond two of the larger of the two;
@@ -80,22 +81,29 @@ def _per(r: dict, split: str, key: str):
     return per
 
 
-def comparisons(rows: list[dict]) -> list[dict]:
-    """Each run against next-token of the same group and seed; per seed, then pooled over seeds."""
-    base = {(r["group"], r["seed"]): r for r in rows if r["method"] == "next_token" and not r["tag"]}
-    by = defaultdict(list)                         # (group, label, split, measure) -> [(seed, diffs)]
+def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dict]:
+    """Each run against next-token of the same group and seed; per seed, then pooled over seeds. A diagnostic
+    group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``, :func:`references`)
+    is compared with that group's untagged runs of those methods instead, same seed and held-out items."""
+    base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
+    by = defaultdict(list)                         # (group, label, baseline, split, measure) -> [(seed, diffs)]
     for r in rows:
-        ref = base.get((r["group"], r["seed"]))
-        if ref is None or r is ref:
-            continue
+        ref = (references or {}).get(r["group"])
+        targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
         label = r["method"] + (f" ({r['tag']})" if r["tag"] else "")
-        for split in r["splits"]:
-            for measure, key in MEASURES.items():
-                a, b = _per(r, split, key), _per(ref, split, key)
-                if a is not None and b is not None and len(a) == len(b):
-                    by[(r["group"], label, split, _measure(r, measure))].append((r["seed"], [x - y for x, y in zip(a, b)]))
+        for ref_group, method in targets:
+            b = base.get((ref_group, method, r["seed"]))
+            if b is None or b is r:
+                continue
+            baseline = method if ref_group == r["group"] else f"{method} [{ref_group}]"
+            for split in r["splits"]:
+                for measure, key in MEASURES.items():
+                    x, y = _per(r, split, key), _per(b, split, key)
+                    if x is not None and y is not None and len(x) == len(y):
+                        by[(r["group"], label, baseline, split, _measure(r, measure))].append(
+                            (r["seed"], [p - q for p, q in zip(x, y)]))
     out = []
-    for (group, label, split, measure), seeds in sorted(by.items()):
+    for (group, label, baseline, split, measure), seeds in sorted(by.items()):
         per_seed = [(sd, *_mean_se(d), len(d)) for sd, d in sorted(seeds)]
         means = [m for _, m, _, _ in per_seed]
         pooled_mean, pooled_se = _mean_se([x for _, d in seeds for x in d])
@@ -104,7 +112,8 @@ def comparisons(rows: list[dict]) -> list[dict]:
         mean = sum(means) / k
         se = max(pooled_se, seed_se) if k >= 3 else pooled_se
         claim = k >= 3 and abs(mean) > 2 * se
-        out.append({"group": group, "comparison": f"{label} - next_token", "split": split, "measure": measure,
+        out.append({"group": group, "comparison": f"{label} - {baseline}", "baseline": baseline, "split": split,
+                    "measure": measure,
                     "per_seed": per_seed, "mean": mean, "pooled_se": pooled_se, "seed_se": seed_se, "se": se,
                     "seeds": k, "beyond_2se": claim})
     return out
@@ -134,7 +143,8 @@ def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
             what = "no difference shown (within 2 s.e.)"
         else:
             better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
-            what = ("better" if better else "worse") + " than next-token beyond 2 s.e."
+            than = "next-token" if c["baseline"] == "next_token" else c["baseline"]
+            what = ("better" if better else "worse") + f" than {than} beyond 2 s.e."
         reason = (uninformative or {}).get(c["group"])
         lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {c['mean']:+.3f} "
                      f"(s.e. {c['se']:.3f}): {what}" + (f"; **uninformative**: {reason}" if reason else ""))
@@ -214,17 +224,18 @@ def curves(rows: list[dict], path: str) -> bool:
     return True
 
 
-def markdown(rows: list[dict], uninformative: Optional[dict] = None) -> str:
+def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None) -> str:
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
         parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g)}")
-    comps = comparisons(rows)
+    comps = comparisons(rows, references)
     if not comps:
         parts.append("No paired comparison yet: no run of another method has a next-token run of the same group "
                      "and seed beside it.")
         return "\n\n".join(parts)
-    parts.append("Paired differences against next-token (same seed, same held-out examples):\n\n" + comparison_table(comps))
+    parts.append("Paired differences against next-token (same seed, same held-out examples; a diagnostic group against "
+                 "the runs of its reference group named in brackets):\n\n" + comparison_table(comps))
     parts.append("Verdict, generated from the rows:\n\n" + verdict(comps, uninformative))
     return "\n\n".join(parts)
 
@@ -257,13 +268,29 @@ def drafting_table(drafts: list[dict]) -> str:
     return "\n".join(out)
 
 
-def _uninformative(plan: Path) -> dict:
-    """The plan's ``uninformative`` block: group name -> why its comparison says nothing (found after the fact)."""
+def _plan(plan: Path) -> dict:
     if not plan.is_file():
         return {}
     from mutor.utils.io import yaml_load
 
-    return yaml_load(plan.read_text(), str(plan)).get("uninformative") or {}
+    return yaml_load(plan.read_text(), str(plan))
+
+
+def _uninformative(plan: Path) -> dict:
+    """The plan's ``uninformative`` block: group name -> why its comparison says nothing (found after the fact)."""
+    return _plan(plan).get("uninformative") or {}
+
+
+def references(plan: Path) -> dict:
+    """Diagnostic groups -> what they are compared with: a group's ``reference`` (``{group, methods}``; a bare group
+    name means its next-token runs)."""
+    out = {}
+    for g in _plan(plan).get("groups", []):
+        ref = g.get("reference")
+        if ref is not None:
+            ref = {"group": ref, "methods": ["next_token"]} if isinstance(ref, str) else ref
+            out[g["name"]] = {"group": ref["group"], "methods": list(ref.get("methods", ["next_token"]))}
+    return out
 
 
 def replace_between(text: str, body: str) -> str:
@@ -292,7 +319,8 @@ def first_hop_table(hops: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
-    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml", help="its `uninformative` groups are marked")
+    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
+                    help="its `uninformative` groups are marked, and its groups' `reference` followed")
     ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
     ap.add_argument("--plot", default=None, help="paired differences (PNG)")
     ap.add_argument("--curves", default=None, help="evaluations during training, star-graph groups (PNG)")
@@ -301,8 +329,8 @@ def main(argv=None) -> int:
     if not rows:
         print(f"{args.results}: no rows yet")
         return 0
-    marked = _uninformative(args.plan)
-    md = markdown(rows, marked)
+    marked, refs = _uninformative(args.plan), references(args.plan)
+    md = markdown(rows, marked, refs)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
@@ -322,7 +350,7 @@ def main(argv=None) -> int:
         p = Path(args.readme)
         p.write_text(replace_between(p.read_text(), md))
     if args.plot:
-        plot(comparisons(rows), args.plot, marked)
+        plot(comparisons(rows, refs), args.plot, marked)
     if args.curves and not curves(rows, args.curves):
         print(f"no run with evaluations during training yet: {args.curves} not written")
     return 0
