@@ -435,6 +435,7 @@ def test_grad_share_parts_add_up_to_the_training_gradient_and_read_one_without_r
         torch.testing.assert_close(g_ntp + g_reg, p.grad, rtol=1e-4, atol=1e-6)
     row = grad_share.probe(out, "", batches=2, micro_batch=4)
     assert row["batches"] == 2 and row["loss_weight"] == model.mutor_config.loss_weight and row["ntp_grad_norm"] > 0
+    assert (row["group"], row["run"]) == (tmp_path.name, "run") and f"| {tmp_path.name} | run | final |" in report.grad_share_table([row])
 
     a = 0.25                                                   # by hand: one weight, two batches
     gn, gr = torch.tensor([[1.0, -2.0], [3.0, 0.5]]), torch.tensor([[2.0, 1.0], [-1.0, 4.0]])   # (batch, weight)

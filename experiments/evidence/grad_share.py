@@ -110,7 +110,8 @@ def probe(run: Path, checkpoint: str, batches: int, micro_batch: int, seed: int 
     for p in params:
         p.requires_grad_(True)
     row = shares(gradient_parts(model, training_batches(run, batches, micro_batch), seed))
-    return {"run": str(run), "checkpoint": checkpoint or "final", "micro_batch": micro_batch, **row}
+    return {"group": run.parent.name, "run": run.name, "path": str(run), "checkpoint": checkpoint or "final",
+            "micro_batch": micro_batch, **row}
 
 
 def main(argv=None) -> int:

@@ -316,6 +316,18 @@ def first_hop_table(hops: list[dict]) -> str:
     return "\n".join(out)
 
 
+def grad_share_table(rows: list[dict]) -> str:
+    """How much of a MuToR run's AdamW step goes to next-token prediction (grad_share.jsonl), per checkpoint."""
+    out = ["| group | run | checkpoint | a | gradient norm: (1-a)·L_ntp, a·L_reg | cosine (mean gradients; per batch) | "
+           "next-token part of the step / next-token training's | whole step along next-token's |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['group']} | {r['run']} | {r['checkpoint']} | {r['loss_weight']} | {r['ntp_grad_norm']:.3f}, "
+                   f"{r['reg_grad_norm']:.3f} | {r['cosine']:+.2f}; {r['batch_cosine']:+.2f} | {r['ntp_step_ratio']:.2f} | "
+                   f"{r['step_along_ntp']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
@@ -345,6 +357,12 @@ def main(argv=None) -> int:
         md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning (experiments/evidence/"
                "first_hop.py: teacher-forced on the run's held-out graphs, in %; a register d tokens back sees the "
                "source and no token of the hop; a coin flip between two arms scores 50):\n\n" + first_hop_table(hops))
+    shares = load(args.results.with_name("grad_share.jsonl"))
+    if shares:
+        md += ("\n\nHow much of MuToR's step goes to next-token prediction (experiments/evidence/grad_share.py: the "
+               "gradients of (1-a)·L_ntp and a·L_reg on the model's weights over 8 training batches of 4 at the "
+               "checkpoint, and the next-token part of an Adam step normalised by both, against the step next-token "
+               "training would take at the same weights; 1.0 = the same step):\n\n" + grad_share_table(shares))
     print(md)
     if args.readme:
         p = Path(args.readme)
