@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
                     help="its `uninformative` groups are marked, and its groups' `reference` followed")
     ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
-    ap.add_argument("--plot", default=None, help="paired differences (PNG)")
+    ap.add_argument("--plot", default=None, help="paired differences of the method comparisons (PNG)")
     ap.add_argument("--curves", default=None, help="evaluations during training, star-graph groups (PNG)")
     args = ap.parse_args(argv)
     rows = load(args.results)
@@ -368,7 +368,8 @@ def main(argv=None) -> int:
         p = Path(args.readme)
         p.write_text(replace_between(p.read_text(), md))
     if args.plot:
-        plot(comparisons(rows, refs), args.plot, marked)
+        # the method comparisons; a diagnostic group's (tables and verdict above) would set the scale
+        plot([c for c in comparisons(rows, refs) if c["group"] not in refs], args.plot, marked)
     if args.curves and not curves(rows, args.curves):
         print(f"no run with evaluations during training yet: {args.curves} not written")
     return 0
