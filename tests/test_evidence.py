@@ -450,3 +450,29 @@ def test_grad_share_parts_add_up_to_the_training_gradient_and_read_one_without_r
     no_reg = {**sums, "reg": [torch.zeros(2)], "v_mix": [gn.pow(2).sum(0)]}
     got = grad_share.shares({"sums": no_reg, "batch_cosines": [], "batches": 2, "loss_weight": a})
     assert got["ntp_step_ratio"] == pytest.approx(1.0, abs=1e-4) and got["step_along_ntp"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_error_kinds_tells_order_from_copy_from_length_errors_in_both_list_formats(tmp_path):
+    """experiments/evidence/error_kinds.py: a wrong list answer is a wrong order (same items), a changed item (as
+    many items), a dropped or an added item; word reversal's comma-separated words and number sorting's list
+    literal alike; a run's test generations at its selected checkpoint are tallied by kind and by length."""
+    import error_kinds
+
+    ref = "if, simple, the"
+    assert [error_kinds.kind(p, ref) for p in ("if, simple, the", "simple, if, the", "if, Simple, the", "if, the",
+                                                "if, simple, simple, the", "")] == \
+        ["right", "order", "item changed", "item dropped", "item added", "no list"]
+    ref = "['-95.79', '56.0', '99.0']"
+    assert [error_kinds.kind(p, ref) for p in ("['-95.79', '56.0', '99.0']", "['56.0', '-95.79', '99.0']",
+                                                "['-95.79', '56', '99.0']", "['-95.79', '56.0'", "[1, 2, 3, 4]")] == \
+        ["right", "order", "item changed", "no list", "item added"]
+    rows = [{"group": "g", "run": "mutor_s0", "method": "mutor", "tag": "", "task": "reasoning_gym",
+             "selected_checkpoint": "checkpoint-1"}]
+    gens = [{"extracted": "b, a", "reference": "a, b"}, {"extracted": "a, b, c", "reference": "c, b, a"},
+            {"extracted": "a, b", "reference": "a, b"}]
+    d = tmp_path / "g/mutor_s0/eval/reasoning_gym/checkpoint-1/test"
+    d.mkdir(parents=True)
+    (d / "generations.jsonl").write_text("\n".join(map(json.dumps, gens)))
+    t = error_kinds.tally(rows, tmp_path)["mutor"]
+    assert t["kinds"] == {"right": 1, "order": 2} and dict(t["by_items"]) == {2: [1, 2], 3: [0, 1]}
+    assert "| mutor | 1 | 3 | 1 | 2 | 0 | 0 | 0 | 0 | 50, 0 |" in error_kinds.table({"mutor": t})

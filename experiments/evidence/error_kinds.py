@@ -1,0 +1,102 @@
+"""Where a list-answer reasoning group's runs go wrong: the kinds of wrong answers, per method, over seeds.
+
+The answers of word reversal ("if, simple, the") and number sorting (``['-95.79', '56.0']``) are lists, so a wrong
+answer is one of a few kinds, told apart by comparing the predicted items with the reference's:
+
+* ``order``: the same items (as a multiset), in another order: the plan went wrong;
+* ``item changed``: as many items, but some differ: an item was not copied exactly (``turning`` -> ``turned``,
+  ``Most`` -> ``most``, ``56.0`` -> ``56``);
+* ``item dropped`` / ``item added``: fewer or more items than the reference;
+* ``no list``: nothing parsed as a list.
+
+It reads each run's test generations at its selected checkpoint (the results row says which), so it measures
+what the table scores, and also prints exact match by the number of items in the reference.
+
+    python experiments/evidence/error_kinds.py rg-word-reversal [--runs-dir /work/runs/evidence]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KINDS = ("right", "order", "item changed", "item dropped", "item added", "no list")
+
+
+def items(answer: str):
+    """The list in an answer: a Python list literal (number sorting) or comma-separated words; None if neither."""
+    text = (answer or "").strip()
+    if not text:
+        return None
+    if text.startswith("["):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return None
+        return [str(x).strip() for x in value] if isinstance(value, list) else None
+    return [w.strip() for w in text.split(",")]
+
+
+def kind(prediction: str, reference: str) -> str:
+    """The kind of one answer (module docstring)."""
+    got, ref = items(prediction), items(reference)
+    if got is None:
+        return "no list"
+    if got == ref:
+        return "right"
+    if len(got) == len(ref):
+        return "order" if Counter(got) == Counter(ref) else "item changed"
+    return "item dropped" if len(got) < len(ref) else "item added"
+
+
+def tally(rows: list[dict], runs_dir: Path) -> dict:
+    """Per method label: counts of each kind, and (right, total) by the reference's number of items."""
+    out = defaultdict(lambda: {"kinds": Counter(), "by_items": defaultdict(lambda: [0, 0]), "runs": 0})
+    for r in rows:
+        gens = runs_dir / r["group"] / r["run"] / "eval" / r["task"] / r["selected_checkpoint"] / "test" / "generations.jsonl"
+        if not gens.is_file():
+            raise SystemExit(f"{gens} not found: is --runs-dir the runs' directory (and the run evaluated)?")
+        label = r["method"] + (f" ({r['tag']})" if r["tag"] else "")
+        t = out[label]
+        t["runs"] += 1
+        for g in map(json.loads, gens.read_text().splitlines()):
+            k = kind(g["extracted"], g["reference"])
+            t["kinds"][k] += 1
+            n = len(items(g["reference"]))
+            t["by_items"][n][0] += k == "right"
+            t["by_items"][n][1] += 1
+    return out
+
+
+def table(tallies: dict) -> str:
+    lengths = sorted({n for t in tallies.values() for n in t["by_items"]})
+    out = ["| method | runs | answers | " + " | ".join(KINDS) + " | EM % by items: " + ", ".join(map(str, lengths)) + " |",
+           "|---|---|---|" + "---|" * (len(KINDS) + 1)]
+    for label, t in tallies.items():
+        total = sum(t["kinds"].values())
+        by = ", ".join(f"{100 * t['by_items'][n][0] / t['by_items'][n][1]:.0f}" if t["by_items"][n][1] else "-"
+                       for n in lengths)
+        out.append(f"| {label} | {t['runs']} | {total} | " + " | ".join(str(t["kinds"][k]) for k in KINDS) + f" | {by} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("group", help="a reasoning group of the plan with list answers, e.g. rg-word-reversal")
+    ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
+    ap.add_argument("--runs-dir", type=Path, default=HERE.parent.parent / "runs" / "evidence")
+    args = ap.parse_args(argv)
+    rows = [r for r in map(json.loads, filter(str.strip, args.results.read_text().splitlines()))
+            if r["group"] == args.group]
+    if not rows:
+        raise SystemExit(f"{args.results}: no row of group {args.group!r}")
+    print(table(tally(rows, args.runs_dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
