@@ -40,6 +40,18 @@ def test_plan_refuses_a_run_declared_twice(tmp_path):
         driver.load_plan(p)
 
 
+def test_driver_trains_no_further_run_of_a_group_stopped_by_its_rule(tmp_path):
+    p = tmp_path / "plan.yaml"
+    p.write_text(f"runs_dir: {tmp_path}/runs\nresults: {tmp_path}/r.jsonl\ngroups:\n  - {{name: g, recipe: tiny/gsm8k, "
+                 "epochs: 1, steps_per_epoch: 2, eval: {task: gsm8k}, stopped: 'pilot above its band', "
+                 "runs: [{method: mutor, seed: 0}]}\n")
+    listed = _driver(p, "--list")
+    assert listed.returncode == 0 and "mutor_s0" in listed.stdout and listed.stdout.split()[-1] == "stopped"
+    out = _driver(p)
+    assert out.returncode == 0 and "training" not in out.stdout and not (tmp_path / "runs").exists()
+    assert report._uninformative(p) == {"g": "pilot above its band"}
+
+
 def test_claim_takes_over_a_lock_whose_process_is_gone(tmp_path):
     lock = tmp_path / "run.lock"
     lock.write_text("999999999")
@@ -221,7 +233,7 @@ def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     assert marked and all(line.endswith("; **uninformative**: a constant answer scores as well") for line in marked)
     assert "uninformative" not in report.verdict(comps, {"another-group": "x"})
     shipped = report._uninformative(driver.HERE / "plan.yaml")
-    assert set(shipped) == {"rg-maze", "rg-shortest-path"}
+    assert set(shipped) == {"rg-maze", "rg-shortest-path", "rg-word-reversal-full"}     # the last: stopped
 
 
 def test_runs_table_marks_a_training_cost_with_unrecorded_segments():

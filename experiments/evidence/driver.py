@@ -23,7 +23,8 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
    row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
 
-A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
+A group with a ``stopped`` key (its own rule ended it, e.g. a pilot outside its band) trains no further run;
+its rows stand. A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
 whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
 and the next start resumes from the last checkpoint.
 
@@ -416,7 +417,8 @@ class Driver:
         signal.signal(signal.SIGINT, self.stop)
         done = done_keys(self.results)
         # a finished run still owes its drafting and first-hop rows while its checkpoints are on disk
-        todo = [r for r in runs if r.key not in done or (self.owes(r) and (
+        # a group stopped by its own rule (its `stopped` key) trains no further run
+        todo = [r for r in runs if (r.key not in done and not r.group.get("stopped")) or (r.key in done and self.owes(r) and (
             self.runs_dir / r.group["name"] / r.name / "eval").is_dir())]
         active: list[threading.Thread] = []
         while todo and not self.stopping:
@@ -468,8 +470,8 @@ def main(argv=None) -> int:
         done = done_keys(driver.results)
         for r in runs:
             d = driver.runs_dir / r.group["name"] / r.name
-            state = ("done" if r.key in done else "trained" if (d / "summary.json").is_file() else
-                     "partial" if d.exists() else "todo")
+            state = ("done" if r.key in done else "stopped" if r.group.get("stopped") else
+                     "trained" if (d / "summary.json").is_file() else "partial" if d.exists() else "todo")
             print(f"{r.group['name']:24s} {r.name:28s} {r.steps:5d} steps  {state}")
         return 0
     return driver.redraft(runs) if args.redraft else driver.main(runs)

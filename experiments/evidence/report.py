@@ -277,8 +277,10 @@ def _plan(plan: Path) -> dict:
 
 
 def _uninformative(plan: Path) -> dict:
-    """The plan's ``uninformative`` block: group name -> why its comparison says nothing (found after the fact)."""
-    return _plan(plan).get("uninformative") or {}
+    """Group name -> why its comparison says nothing: the plan's ``uninformative`` block (found after the fact)
+    and the groups stopped by their own rule (their ``stopped`` key)."""
+    p = _plan(plan)
+    return {**(p.get("uninformative") or {}), **{g["name"]: g["stopped"] for g in p.get("groups", []) if g.get("stopped")}}
 
 
 def references(plan: Path) -> dict:
