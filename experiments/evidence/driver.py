@@ -24,8 +24,8 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
 
 A group with a ``stopped`` key (its own rule ended it, e.g. a pilot outside its band) trains no further run;
-its rows stand. A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
-whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
+its rows stand. A run is claimed by a lock file holding the driver's pid, so two drivers never train the same
+run; a lock whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
 and the next start resumes from the last checkpoint.
 
     nohup python experiments/evidence/driver.py --slots 2 --threads 1 --commit > runs/evidence.log 2>&1 &
