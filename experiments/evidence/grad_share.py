@@ -105,10 +105,7 @@ def probe(run: Path, checkpoint: str, batches: int, micro_batch: int, seed: int 
     ckpt = run / checkpoint if checkpoint else run
     if not (ckpt / "mutor_config.json").exists():
         raise SystemExit(f"{ckpt} has no registers (no mutor_config.json): a MuToR checkpoint is needed")
-    model = MuToRModel.from_pretrained(str(ckpt), dtype=torch.float32).train()
-    params, _ = model.parameter_groups()
-    for p in params:
-        p.requires_grad_(True)
+    model = MuToRModel.from_pretrained(str(ckpt), dtype=torch.float32).train()   # a LoRA adapter loads trainable
     row = shares(gradient_parts(model, training_batches(run, batches, micro_batch), seed))
     return {"group": run.parent.name, "run": run.name, "path": str(run), "checkpoint": checkpoint or "final",
             "micro_batch": micro_batch, **row}
