@@ -12,7 +12,6 @@ and prints that floor beside each run's test exact match.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -66,7 +65,9 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--group", action="append", default=None)
     args = ap.parse_args()
-    rows = [json.loads(x) for x in args.results.read_text().splitlines() if x.strip()] if args.results.is_file() else []
+    from report import load   # same folder
+
+    rows = load(args.results)
     print("| group | most common training answer (share) | its test EM % | runs' test EM % |")
     print("|---|---|---|---|")
     for f in floors(args.plan, args.group):

@@ -23,6 +23,8 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import report   # same folder: the results file and run labels as the report reads them
+
 HERE = Path(__file__).resolve().parent
 KINDS = ("right", "order", "item changed", "item dropped", "item added", "no list")
 
@@ -60,8 +62,7 @@ def tally(rows: list[dict], runs_dir: Path) -> dict:
         gens = runs_dir / r["group"] / r["run"] / "eval" / r["task"] / r["selected_checkpoint"] / "test" / "generations.jsonl"
         if not gens.is_file():
             raise SystemExit(f"{gens} not found: is --runs-dir the runs' directory (and the run evaluated)?")
-        label = r["method"] + (f" ({r['tag']})" if r["tag"] else "")
-        t = out[label]
+        t = out[report.label(r)]
         t["runs"] += 1
         for g in map(json.loads, gens.read_text().splitlines()):
             k = kind(g["extracted"], g["reference"])
@@ -90,8 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--runs-dir", type=Path, default=HERE.parent.parent / "runs" / "evidence")
     args = ap.parse_args(argv)
-    rows = [r for r in map(json.loads, filter(str.strip, args.results.read_text().splitlines()))
-            if r["group"] == args.group]
+    rows = [r for r in report.load(args.results) if r["group"] == args.group]
     if not rows:
         raise SystemExit(f"{args.results}: no row of group {args.group!r}")
     print(table(tally(rows, args.runs_dir)))

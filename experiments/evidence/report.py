@@ -43,6 +43,11 @@ def load(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def label(row: dict) -> str:
+    """A run's method as tables name it: ``mutor``, or ``mutor (a0.1)`` for a tagged run."""
+    return row["method"] + (f" ({row['tag']})" if row["tag"] else "")
+
+
 def _mean_se(xs: list[float]) -> tuple[float, float]:
     n = len(xs)
     m = sum(xs) / n
@@ -57,7 +62,7 @@ def runs_table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {"next_token": 0, "multi_token": 1, "mutor": 2}
     for r in sorted(rows, key=lambda r: (r["tag"], order.get(r["method"], 9), r["seed"])):
-        cells = [r["method"] + (f" ({r['tag']})" if r["tag"] else ""), str(r["seed"]), str(r["epochs"]),
+        cells = [label(r), str(r["seed"]), str(r["epochs"]),
                  r["selected_checkpoint"].replace("checkpoint-", "step ")]
         for s in splits:
             per = _per(r, s, "per_example")
@@ -86,11 +91,11 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
     group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``, :func:`references`)
     is compared with that group's untagged runs of those methods instead, same seed and held-out items."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
-    by = defaultdict(list)                         # (group, label, baseline, split, measure) -> [(seed, diffs)]
+    by = defaultdict(list)                         # (group, run label, baseline, split, measure) -> [(seed, diffs)]
     for r in rows:
         ref = (references or {}).get(r["group"])
         targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
-        label = r["method"] + (f" ({r['tag']})" if r["tag"] else "")
+        name = label(r)
         for ref_group, method in targets:
             b = base.get((ref_group, method, r["seed"]))
             if b is None or b is r:
@@ -100,10 +105,10 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
                 for measure, key in MEASURES.items():
                     x, y = _per(r, split, key), _per(b, split, key)
                     if x is not None and y is not None and len(x) == len(y):
-                        by[(r["group"], label, baseline, split, _measure(r, measure))].append(
+                        by[(r["group"], name, baseline, split, _measure(r, measure))].append(
                             (r["seed"], [p - q for p, q in zip(x, y)]))
     out = []
-    for (group, label, baseline, split, measure), seeds in sorted(by.items()):
+    for (group, name, baseline, split, measure), seeds in sorted(by.items()):
         per_seed = [(sd, *_mean_se(d), len(d)) for sd, d in sorted(seeds)]
         means = [m for _, m, _, _ in per_seed]
         pooled_mean, pooled_se = _mean_se([x for _, d in seeds for x in d])
@@ -112,7 +117,7 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
         mean = sum(means) / k
         se = max(pooled_se, seed_se) if k >= 3 else pooled_se
         claim = k >= 3 and abs(mean) > 2 * se
-        out.append({"group": group, "comparison": f"{label} - {baseline}", "baseline": baseline, "split": split,
+        out.append({"group": group, "comparison": f"{name} - {baseline}", "baseline": baseline, "split": split,
                     "measure": measure,
                     "per_seed": per_seed, "mean": mean, "pooled_se": pooled_se, "seed_se": seed_se, "se": se,
                     "seeds": k, "beyond_2se": claim})
