@@ -18,6 +18,8 @@ measured costs equal the table's.
     python -m benchmarks.draft_replay --traces traces.json [--costs 60,64,67,...]   # replay: K = 1..d_max, auto
     python -m benchmarks.draft_replay --traces traces.json --repeats 10 \
         --load draft_traces/forward_times/wr3ep0_fp32_{quiet,beside_training}.json   # under a recorded load
+    python -m benchmarks.draft_replay --traces traces.json --sample 20 --draws 100 --load ...
+                                            # what one 20-prompt measurement (drafting.py's) can show
 
 The row costs depend on the machine, the dtype, the threads and the cached length, not on the registers:
 measure them where the chooser will run, with nothing else loading the CPU.
@@ -152,6 +154,26 @@ def load_ratios(quiet: dict, loaded: dict, min_samples: int = 20) -> dict[int, l
     return {r: [s / median[r] for s in v] for r, v in l.items() if r in median and (len(v) >= min_samples or r == 1)}
 
 
+def _table(costs: dict[int, float]) -> Callable[[int], float]:
+    """Seconds of a forward by its rows: the table's, or above it the largest entry's in proportion."""
+    top = max(costs)
+    return lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
+
+
+def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
+           load: Optional[dict[int, list[float]]]) -> Callable[[int], float]:
+    """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
+    from a recorded load (its row count's, else one row's), and with probability ``spikes`` 2-3x that."""
+    import math
+
+    def cost(rows):
+        c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
+        if load:
+            c *= rng.choice(load.get(rows) or load[1])
+        return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
+    return cost
+
+
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
             load: Optional[dict[int, list[float]]] = None) -> dict:
@@ -160,26 +182,17 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
     (:func:`load_ratios`): times a factor drawn from a recorded load's, its row count's or else one row's. The
     chooser is told what it took. ``repeats``: that many draws (seeds 0, 1, ...), summed."""
-    import math
     import random
 
     eos = set(traces["eos"])
     costs = dict(costs)
     p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
-    top = max(costs)
-    table = lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
+    table = _table(costs)
     out = {}
     for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
         for seed in range(repeats):
-            rng = random.Random(seed)
-
-            def cost(rows):
-                c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
-                if load:
-                    c *= rng.choice(load.get(rows) or load[1])
-                return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
-
+            cost = _drawn(table, random.Random(seed), noise, spikes, load)
             length = make()
             for tr in traces["traces"]:
                 r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
@@ -189,6 +202,35 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     for name in out:
         out[name]["speedup"] = round(out["K=1"]["seconds"] / out[name]["seconds"], 3)
     return out
+
+
+def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]], sample: int,
+           draws: int, prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0,
+           load: Optional[dict[int, list[float]]] = None) -> dict:
+    """What one short measurement can show: ``draws`` times, ``sample`` prompts drawn at random (draw i: seed i)
+    and decoded by a fresh chooser of each kind and by plain decoding, as ``drafting.py`` measures a run (20
+    prompts, one chooser for them all), each forward's cost drawn as in :func:`compare` (the same seed for every
+    chooser within a draw). Per chooser: the speed-up over plain decoding, its mean, 5th, 50th and 95th
+    percentiles over the draws, and the share of draws in which it was slower than plain."""
+    import random
+
+    eos = set(traces["eos"])
+    costs = dict(costs)
+    p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
+    table = _table(costs)
+    ratios: dict[str, list[float]] = {name: [] for name in choosers}
+    for i in range(draws):
+        prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
+        secs = {}
+        for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
+            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load), make()
+            secs[name] = sum(replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"] for tr in prompts)
+        for name in choosers:
+            ratios[name].append(secs["K=1"] / secs[name])
+    pct = lambda v, q: sorted(v)[min(int(q * len(v)), len(v) - 1)]
+    return {name: {"mean": round(sum(v) / len(v), 3), "p5": round(pct(v, 0.05), 3), "p50": round(pct(v, 0.5), 3),
+                   "p95": round(pct(v, 0.95), 3), "slower_than_plain": round(sum(x < 1 for x in v) / len(v), 3)}
+            for name, v in ratios.items()}
 
 
 def _load(args):
@@ -231,6 +273,9 @@ def main(argv=None) -> int:
                     help="draw each forward's cost factor from a recorded load: per-forward times of the same "
                          "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
+    ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
+                                                             "prompts (e.g. 20, as drafting.py), over --draws draws")
+    ap.add_argument("--draws", type=int, default=100, help="with --sample: random prompt samples and cost draws")
     args = ap.parse_args(argv)
     if args.checkpoint is not None and args.task is None:
         ap.error("--task is needed to record from a checkpoint: an evaluation task of mutor eval (e.g. reasoning_gym)")
@@ -259,8 +304,11 @@ def main(argv=None) -> int:
     choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)}
     choosers["auto"] = lambda: DraftLength(k_max)
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
-    print(json.dumps(compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats,
-                             load=load), indent=1))
+    if args.sample:
+        out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load)
+    else:
+        out = compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load)
+    print(json.dumps(out, indent=1))
     return 0
 
 

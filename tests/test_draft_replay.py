@@ -13,7 +13,7 @@ from families import make_model
 from planted import plant
 
 import mutor.integrations.speculative as spec
-from benchmarks.draft_replay import compare, fixed, load_ratios, record, replay, row_costs
+from benchmarks.draft_replay import compare, fixed, load_ratios, record, replay, row_costs, spread
 from mutor import MuToRConfig, MuToRModel
 from mutor.integrations.draft_choice import DraftLength
 
@@ -223,3 +223,18 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, load=load, repeats=3)
     assert out["auto"]["speedup"] >= 0.99, out
+
+
+def test_spread_of_short_measurements_covers_the_whole_set_as_compare_and_counts_draws_below_plain():
+    """``spread`` with every prompt in each draw and no noise is ``compare``'s speed-up in every draw; with a
+    load, draws differ, are repeatable and their share below plain is a fraction of the draws."""
+    traces = _short_answers(10)
+    costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
+    choosers = {"K=4": lambda: fixed(4), "auto": lambda: DraftLength(4)}
+    whole = compare(traces, costs, choosers, prompt_seconds=0.0)
+    same = spread(traces, costs, choosers, sample=10, draws=3, prompt_seconds=0.0)
+    for name in choosers:
+        assert same[name]["p5"] == same[name]["p95"] == pytest.approx(whole[name]["speedup"], abs=1e-3)
+    a = spread(traces, costs, choosers, sample=4, draws=20, prompt_seconds=0.0, noise=0.3)
+    assert a == spread(traces, costs, choosers, sample=4, draws=20, prompt_seconds=0.0, noise=0.3)
+    assert a["auto"]["p5"] < a["auto"]["p95"] and 0.0 <= a["auto"]["slower_than_plain"] <= 1.0
