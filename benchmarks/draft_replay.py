@@ -154,10 +154,14 @@ def load_ratios(quiet: dict, loaded: dict, min_samples: int = 20) -> dict[int, l
     return {r: [s / median[r] for s in v] for r, v in l.items() if r in median and (len(v) >= min_samples or r == 1)}
 
 
-def _table(costs: dict[int, float]) -> Callable[[int], float]:
-    """Seconds of a forward by its rows: the table's, or above it the largest entry's in proportion."""
+def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float]):
+    """``(eos ids, table, prompt seconds)``: the table gives a forward's seconds by its rows (above its largest
+    entry, that entry's in proportion); the prompt's forward costs ``prompt_seconds``, else the table's key 0,
+    else two one-row forwards."""
+    costs = dict(costs)
+    p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
     top = max(costs)
-    return lambda rows: costs[rows] if rows in costs else costs[top] * rows / top
+    return set(traces["eos"]), (lambda rows: costs[rows] if rows in costs else costs[top] * rows / top), p_sec
 
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
@@ -184,10 +188,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     chooser is told what it took. ``repeats``: that many draws (seeds 0, 1, ...), summed."""
     import random
 
-    eos = set(traces["eos"])
-    costs = dict(costs)
-    p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
-    table = _table(costs)
+    eos, table, p_sec = _setup(traces, costs, prompt_seconds)
     out = {}
     for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
@@ -214,10 +215,7 @@ def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[
     percentiles over the draws, and the share of draws in which it was slower than plain."""
     import random
 
-    eos = set(traces["eos"])
-    costs = dict(costs)
-    p_sec = costs.pop(0, costs[1] * 2) if prompt_seconds is None else prompt_seconds
-    table = _table(costs)
+    eos, table, p_sec = _setup(traces, costs, prompt_seconds)
     ratios: dict[str, list[float]] = {name: [] for name in choosers}
     for i in range(draws):
         prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
