@@ -488,3 +488,15 @@ def test_error_kinds_tells_order_from_copy_from_length_errors_in_both_list_forma
     t = error_kinds.tally(rows, tmp_path)["mutor"]
     assert t["kinds"] == {"right": 1, "order": 2} and dict(t["by_items"]) == {2: [1, 2], 3: [0, 1]}
     assert "| mutor | 1 | 3 | 1 | 2 | 0 | 0 | 0 | 0 | 50, 0 |" in error_kinds.table({"mutor": t})
+
+
+def test_error_kinds_with_words_tells_a_reordered_sentence_from_changed_dropped_and_added_words():
+    """With ``words`` the items are an answer's words as written: sentence reordering's answers."""
+    import error_kinds
+
+    ref = "Smith, turning to a second scientist."
+    got = [error_kinds.kind(p, ref, words=True) for p in (ref, "turning Smith, to a second scientist.",
+                                                           "Smith, turned to a second scientist.",
+                                                           "Smith, turning to a scientist.",
+                                                           "Smith, turning to a second new scientist.")]
+    assert got == ["right", "order", "item changed", "item dropped", "item added"]

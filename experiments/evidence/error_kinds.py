@@ -9,10 +9,16 @@ answer is one of a few kinds, told apart by comparing the predicted items with t
 * ``item dropped`` / ``item added``: fewer or more items than the reference;
 * ``no list``: nothing parsed as a list.
 
+With ``--words`` the items are an answer's words as written (split at spaces): sentence reordering's answers
+("Smith, turning to a second scientist."), whose shuffled prompt keeps each word's punctuation and case, so a
+right set of words in another order is ``order``, and a word the model changed, dropped or added is one of the
+other kinds.
+
 It reads each run's test generations at its selected checkpoint (the results row says which), so it measures
 what the table scores, and also prints exact match by the number of items in the reference.
 
     python experiments/evidence/error_kinds.py rg-word-reversal [--runs-dir /work/runs/evidence]
+    python experiments/evidence/error_kinds.py rg-sentence-reordering-3ep --words
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ HERE = Path(__file__).resolve().parent
 KINDS = ("right", "order", "item changed", "item dropped", "item added", "no list")
 
 
-def items(answer: str):
-    """The list in an answer: a Python list literal (number sorting) or comma-separated words; None if neither."""
+def items(answer: str, words: bool = False):
+    """The list in an answer: a Python list literal (number sorting) or comma-separated words; None if neither.
+    ``words``: the answer's words, split at spaces."""
     text = (answer or "").strip()
     if not text:
         return None
+    if words:
+        return text.split()
     if text.startswith("["):
         try:
             value = ast.literal_eval(text)
@@ -43,9 +52,9 @@ def items(answer: str):
     return [w.strip() for w in text.split(",")]
 
 
-def kind(prediction: str, reference: str) -> str:
+def kind(prediction: str, reference: str, words: bool = False) -> str:
     """The kind of one answer (module docstring)."""
-    got, ref = items(prediction), items(reference)
+    got, ref = items(prediction, words), items(reference, words)
     if got is None:
         return "no list"
     if got == ref:
@@ -55,7 +64,7 @@ def kind(prediction: str, reference: str) -> str:
     return "item dropped" if len(got) < len(ref) else "item added"
 
 
-def tally(rows: list[dict], runs_dir: Path) -> dict:
+def tally(rows: list[dict], runs_dir: Path, words: bool = False) -> dict:
     """Per method label: counts of each kind, and (right, total) by the reference's number of items."""
     out = defaultdict(lambda: {"kinds": Counter(), "by_items": defaultdict(lambda: [0, 0]), "runs": 0})
     for r in rows:
@@ -65,9 +74,9 @@ def tally(rows: list[dict], runs_dir: Path) -> dict:
         t = out[report.label(r)]
         t["runs"] += 1
         for g in map(json.loads, gens.read_text().splitlines()):
-            k = kind(g["extracted"], g["reference"])
+            k = kind(g["extracted"], g["reference"], words)
             t["kinds"][k] += 1
-            n = len(items(g["reference"]))
+            n = len(items(g["reference"], words))
             t["by_items"][n][0] += k == "right"
             t["by_items"][n][1] += 1
     return out
@@ -90,11 +99,12 @@ def main(argv=None) -> int:
     ap.add_argument("group", help="a reasoning group of the plan with list answers, e.g. rg-word-reversal")
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--runs-dir", type=Path, default=HERE.parent.parent / "runs" / "evidence")
+    ap.add_argument("--words", action="store_true", help="items are the answer's words (sentence reordering)")
     args = ap.parse_args(argv)
     rows = [r for r in report.load(args.results) if r["group"] == args.group]
     if not rows:
         raise SystemExit(f"{args.results}: no row of group {args.group!r}")
-    print(table(tally(rows, args.runs_dir)))
+    print(table(tally(rows, args.runs_dir, args.words)))
     return 0
 
 
