@@ -19,7 +19,9 @@ whose tokens differ are counted instead (``prompts_differing``).
 A run trained with a bidirectional prefix is decoded as ``mutor eval`` decodes it (the prompt encoded both
 ways, ``mutor.eval.generation.greedy_generate``); transformers' prompt lookup only decodes causally, so for
 such a run it is measured against transformers' causal greedy ``generate`` on the same prompts (its own
-pair, ``greedy_causal``). Each ``--dtype`` is measured in turn. One thread by default (``--threads``).
+pair, ``greedy_causal``). Each ``--dtype`` is measured in turn. One thread by default (``--threads``); on a CPU
+by default (``--device cuda`` decodes on a GPU: ``benchmarks/gpu_drafting.sh`` trains a gsm_symbolic run there
+and measures it).
 """
 
 from __future__ import annotations
@@ -71,27 +73,28 @@ def _prompts(run: Path, n: int, tok, data: str | None) -> tuple[list[list[int]],
     return prompts, int(bench.template.max_new_tokens), bench_name, True
 
 
-def _load(run: str, dtype: str):
-    """The MuToR model (a LoRA adapter merged into its base) in ``dtype`` and the run's tokenizer (or None)."""
+def _load(run: str, dtype: str, device: str = "cpu"):
+    """The MuToR model (a LoRA adapter merged into its base) in ``dtype`` on ``device`` and the run's tokenizer
+    (or None)."""
     from mutor import MuToRModel
     from mutor.eval.harness import load_drafter
 
     if (Path(run) / "tokenizer_config.json").is_file() or (Path(run) / "adapter_config.json").is_file():
-        return load_drafter(run, dtype=dtype, device="cpu")
+        return load_drafter(run, dtype=dtype, device=device)
     from mutor.utils.devices import resolve_dtype
 
     kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
-    return MuToRModel.from_pretrained(run, **kw).eval(), None
+    return MuToRModel.from_pretrained(run, **kw).to(device).eval(), None
 
 
 def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None, rounds: int,
-            lookup: int, dtype: str = "auto", data: str | None = None) -> dict:
+            lookup: int, dtype: str = "auto", data: str | None = None, device: str = "cpu") -> dict:
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import run_info
     from mutor.integrations.draft_choice import DraftLength, DraftStats
     from mutor.integrations.speculative import generate
 
-    model, tok = _load(run, dtype)
+    model, tok = _load(run, dtype, device)
     base = model.base_model
     prompts, task_len, task, stop = _prompts(Path(run), num_prompts, tok, data)
     new = max_new_tokens or task_len
@@ -116,7 +119,7 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
         return row[:row.index(eos) + 1] if eos is not None and eos in row else row
 
     def decode(m: str, p: list[int], r: int) -> list[int]:
-        ids = torch.tensor([p])
+        ids = torch.tensor([p], device=device)
         if m == "greedy" and mode == "bidirectional":
             out = greedy_generate(base, [p], new, pad_id=pad, eos_id=eos, prefix_attention="bidirectional")[0]
             return out + ([eos] if eos is not None and len(out) < new else [])
@@ -162,7 +165,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
             k = next(k for k, v in label.items() if v == m)
             row.update(stats[k].to_dict())
         rows.append(row)
-    return {"run": run, "task": task, "prompts": len(prompts), "max_new_tokens": new, "rounds": rounds,
+    where = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else str(device)
+    return {"run": run, "task": task, "device": where, "prompts": len(prompts), "max_new_tokens": new, "rounds": rounds,
             "threads": torch.get_num_threads(), "dtype": dtype, "prefix_attention": mode, "stop_at_eos": eos is not None,
             "rows": rows}
 
@@ -197,13 +201,16 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--lookup", type=int, default=3, help="prompt_lookup_num_tokens (0: skip)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where to decode (cpu, cuda): model and prompts go there; each "
+                   "decoding is timed until its tokens are back on the host, so a GPU's queued work is counted")
     p.add_argument("--json", default=None, help="append the results as JSON lines to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     drafts = [k if k == "auto" else int(k) for k in args.draft]
     for run in args.run:
         for dtype in args.dtype:
-            res = measure(run, drafts, args.num_prompts, args.max_new_tokens, args.rounds, args.lookup, dtype, args.data)
+            res = measure(run, drafts, args.num_prompts, args.max_new_tokens, args.rounds, args.lookup, dtype, args.data,
+                          args.device)
             print(markdown(res), flush=True)
             if args.json:
                 with open(args.json, "a") as f:

@@ -3,6 +3,7 @@ method decodes the same tokens, prompt lookup is paired with causal greedy, and 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -31,3 +32,11 @@ def test_text_task_run_in_two_dtypes(tmp_path):
         assert all(r["tokens_per_s"] > 0 for r in res["rows"])
         assert all(0 <= r["prompts_differing"] <= 2 for r in res["rows"])   # float32 would have raised instead
         assert "registers_Kauto" in speculative.markdown(res)
+        assert res["device"] == "cpu"
+    # the command line: --device places the model and the prompts, and each JSON row names where it decoded
+    rows = tmp_path / "rows.jsonl"
+    assert speculative.main(["--run", str(out / "checkpoint-2"), "--draft", "2", "--num-prompts", "1",
+                             "--max-new-tokens", "3", "--rounds", "1", "--lookup", "0", "--data", data,
+                             "--device", "cpu", "--json", str(rows)]) == 0
+    row = json.loads(rows.read_text())
+    assert row["device"] == "cpu" and [r["method"] for r in row["rows"]] == ["greedy", "registers_K2"]
