@@ -95,6 +95,20 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     rows = report.load(tmp_path / "results.jsonl")
     assert [r["run"] for r in rows] == ["mutor_s0"]
     assert rows[0]["train_cost_complete"] is True          # trained from step 0 under this driver
+    # the scored generations, gzipped beside the results file: what error_kinds.py reads once the runs are gone
+    import gzip
+
+    import error_kinds
+
+    kept = tmp_path / "generations" / "tiny" / "mutor_s0" / "test.jsonl.gz"
+    scored = mutor_dir / "eval" / "gsm8k" / rows[0]["selected_checkpoint"] / "test" / "generations.jsonl"
+    assert gzip.decompress(kept.read_bytes()) == scored.read_bytes() and len(scored.read_text().splitlines()) == 4
+    assert error_kinds.generations(rows[0], tmp_path / "gone", tmp_path / "results.jsonl") == \
+        [json.loads(x) for x in scored.read_text().splitlines()]
+    kept.unlink()                                          # a row that landed without them: kept again from disk
+    back = _driver(plan, "--keep-generations")
+    assert "mutor_s0: generations kept: 1 split(s)" in back.stdout and "training" not in back.stdout
+    assert gzip.decompress(kept.read_bytes()) == scored.read_bytes()
     drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
     assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=1", "K=2", "K=3", "K=4", "K=auto"])]
     assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
@@ -180,6 +194,8 @@ groups:
     (draft,) = report.load(tmp_path / "drafting.jsonl")
     assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 12)   # 4 nodes as text, eos
     assert all(k["identical_to_greedy"] for k in draft["drafting"].values())
+    kept = {p.relative_to(tmp_path / "generations").as_posix() for p in (tmp_path / "generations").rglob("*.gz")}
+    assert kept == {f"sg/{r}/{s}.jsonl.gz" for r in ("mutor_s0", "next_token_s0") for s in ["test"] + (["path_star"] if rg else [])}
     (hop,) = report.load(tmp_path / "first_hop.jsonl")     # the registers on the first hop, MuToR runs only
     assert (hop["run"], hop["graphs"]) == ("mutor_s0", 4) and {"ntp", "d=2", "d=3"} <= set(hop)
     assert "| sg | mutor_s0 | 4 |" in report.first_hop_table([hop])
@@ -485,7 +501,7 @@ def test_error_kinds_tells_order_from_copy_from_length_errors_in_both_list_forma
     d = tmp_path / "g/mutor_s0/eval/reasoning_gym/checkpoint-1/test"
     d.mkdir(parents=True)
     (d / "generations.jsonl").write_text("\n".join(map(json.dumps, gens)))
-    t = error_kinds.tally(rows, tmp_path)["mutor"]
+    t = error_kinds.tally(rows, tmp_path, results=tmp_path / "results.jsonl")["mutor"]   # no kept copy: the run dir
     assert t["kinds"] == {"right": 1, "order": 2} and dict(t["by_items"]) == {2: [1, 2], 3: [0, 1]}
     assert "| mutor | 1 | 3 | 1 | 2 | 0 | 0 | 0 | 0 | 50, 0 |" in error_kinds.table({"mutor": t})
 

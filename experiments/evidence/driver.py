@@ -13,8 +13,9 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    the final model on its run's own held-out data instead, one record per example, and keeps the
    evaluations logged during training as the run's curve.
 4. Held-out answer loss of the final model (``experiments/real/heldout_loss.py``), when the group asks.
-5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results`` (and
-   committed with ``--commit``, only that file).
+5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results``, and the
+   scored generations gzipped beside it (``generations/<group>/<run>/<split>.jsonl.gz``; committed with the row
+   by ``--commit``, nothing else).
 6. For a MuToR run, when the plan has a ``drafting`` block: its registers as drafters on the selected
    checkpoint (``drafting.py``: acceptance per offset, tokens/s against greedy decoding at batch size 1),
    one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import gzip
 import json
 import os
 import re
@@ -104,6 +106,11 @@ def load_plan(path: Path) -> tuple[dict, list[Run]]:
             seen.add(run.key)
             runs.append(run)
     return plan, runs
+
+
+def generations_path(results: Path, group: str, run: str, split: str) -> Path:
+    """Where a run's scored generations on ``split`` are kept, beside the results file (gzipped JSON lines)."""
+    return results.parent / "generations" / group / run / f"{split}.jsonl.gz"
 
 
 def done_keys(results: Path) -> set:
@@ -346,19 +353,40 @@ class Driver:
         """A row of a later stage (drafting, first hop) is missing."""
         return self.needs_drafting(run) or self.needs_first_hop(run)
 
-    def append(self, row: dict, results: Optional[Path] = None) -> None:
+    def keep_generations(self, row: dict, ev: dict) -> list[Path]:
+        """The scored generations of a run (its selected checkpoint, every split in its row), gzipped beside the
+        results file as ``generations/<group>/<run>/<split>.jsonl.gz`` and committed with its row: the row holds
+        per-example scores, these the answers themselves (what ``error_kinds.py`` reads), and they outlive the
+        run directory, which a new machine does not have."""
+        out, kept = Path(ev["eval_dir"]), []
+        for split in row["splits"]:
+            src = out / ev["selected_checkpoint"] / split / "generations.jsonl"
+            if src.is_file():
+                dst = generations_path(self.results, row["group"], row["run"], split)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                with open(src, "rb") as f, gzip.GzipFile(dst, "wb", mtime=0) as g:
+                    shutil.copyfileobj(f, g)
+                kept.append(dst)
+        return kept
+
+    def append(self, row: dict, results: Optional[Path] = None, extra: tuple[Path, ...] = ()) -> None:
+        """Append ``row`` to ``results`` (and, with ``--commit``, commit it with the ``extra`` files)."""
         results = results or self.results
         with self.lock:
             results.parent.mkdir(parents=True, exist_ok=True)
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            if self.args.commit:
-                repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=results.parent,
-                                      capture_output=True, text=True).stdout.strip()
-                rel = os.path.relpath(results, repo)
-                subprocess.run(["git", "add", rel], cwd=repo, check=False)
-                subprocess.run(["git", "commit", "-q", "-m", f"Evidence: {row['group']}/{row['run']} ({results.stem} row)",
-                                "--", rel], cwd=repo, check=False)
+            self.commit([results, *extra], f"Evidence: {row['group']}/{row['run']} ({results.stem} row)")
+
+    def commit(self, paths: list[Path], message: str) -> None:
+        """With ``--commit``: git-commit ``paths`` (only those) in the repository that holds them."""
+        if not self.args.commit or not paths:
+            return
+        repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=paths[0].parent,
+                              capture_output=True, text=True).stdout.strip()
+        rel = [os.path.relpath(p, repo) for p in paths]
+        subprocess.run(["git", "add", *rel], cwd=repo, check=False)
+        subprocess.run(["git", "commit", "-q", "-m", message, "--", *rel], cwd=repo, check=False)
 
     def pipeline(self, run: Run) -> None:
         d = self.runs_dir / run.group["name"] / run.name
@@ -369,7 +397,8 @@ class Driver:
             ev = self.evaluate(run, d)
             losses = self.answer_loss(run, d)
             if not self.stopping and run.key not in done_keys(self.results):
-                self.append(self.row(run, d, ev, losses))
+                row = self.row(run, d, ev, losses)
+                self.append(row, extra=tuple(self.keep_generations(row, ev)))
                 self.log(run, "row written")
             if not self.stopping and self.needs_drafting(run):
                 row = self.drafting(run, d, ev)
@@ -404,6 +433,22 @@ class Driver:
             if not self.stopping:
                 self.append(out, self.drafting_results)
                 self.log(run, f"drafting row written (code {commit})")
+        return 0
+
+    def backfill_generations(self, runs: list[Run]) -> int:
+        """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
+        them (before session 22) and whose evaluation is still on disk; train and measure nothing."""
+        rows = {(r["group"], r["run"]): r for r in map(json.loads, filter(str.strip, self.results.read_text().splitlines()))}
+        for run in runs:
+            row = rows.get(run.key)
+            if row is None or generations_path(self.results, *run.key, "test").is_file():
+                continue
+            d = self.runs_dir / run.group["name"] / run.name
+            task = run.group["eval"]["task"]
+            ev = {"eval_dir": str(d / "eval" / task), "selected_checkpoint": row["selected_checkpoint"]}
+            kept = self.keep_generations(row, ev)
+            self.commit(kept, f"Evidence: {row['group']}/{row['run']} (generations)")
+            self.log(run, f"generations kept: {len(kept)} split(s)" if kept else "no generations on disk")
         return 0
 
     def stop(self, *_) -> None:
@@ -462,6 +507,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
     ap.add_argument("--redraft", action="store_true",
                     help="measure drafting again with this code on the finished MuToR runs still on disk, train nothing")
+    ap.add_argument("--keep-generations", action="store_true",
+                    help="keep the scored generations of finished runs still on disk whose row has none, train nothing")
     args = ap.parse_args(argv)
     plan, runs = load_plan(args.plan)
     runs = select(runs, args.group, args.only)
@@ -474,6 +521,8 @@ def main(argv=None) -> int:
                      "trained" if (d / "summary.json").is_file() else "partial" if d.exists() else "todo")
             print(f"{r.group['name']:24s} {r.name:28s} {r.steps:5d} steps  {state}")
         return 0
+    if args.keep_generations:
+        return driver.backfill_generations(runs)
     return driver.redraft(runs) if args.redraft else driver.main(runs)
 
 

@@ -15,7 +15,9 @@ right set of words in another order is ``order``, and a word the model changed, 
 other kinds.
 
 It reads each run's test generations at its selected checkpoint (the results row says which), so it measures
-what the table scores, and also prints exact match by the number of items in the reference.
+what the table scores, and also prints exact match by the number of items in the reference: the gzipped copy the
+driver commits beside the results file (``generations/<group>/<run>/test.jsonl.gz``), or, for a row older than
+that, the run directory under ``--runs-dir``.
 
     python experiments/evidence/error_kinds.py rg-word-reversal [--runs-dir /work/runs/evidence]
     python experiments/evidence/error_kinds.py rg-sentence-reordering-3ep --words
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -64,16 +67,27 @@ def kind(prediction: str, reference: str, words: bool = False) -> str:
     return "item dropped" if len(got) < len(ref) else "item added"
 
 
-def tally(rows: list[dict], runs_dir: Path, words: bool = False) -> dict:
+def generations(row: dict, runs_dir: Path, results: Path = HERE / "results.jsonl") -> list[dict]:
+    """A run's test generations at its selected checkpoint: the copy kept beside the results file (the driver
+    commits one with each row since session 22), else the run directory's."""
+    kept = results.parent / "generations" / row["group"] / row["run"] / "test.jsonl.gz"
+    if kept.is_file():
+        with gzip.open(kept, "rt") as f:
+            return [json.loads(x) for x in f if x.strip()]
+    gens = runs_dir / row["group"] / row["run"] / "eval" / row["task"] / row["selected_checkpoint"] / "test" / "generations.jsonl"
+    if not gens.is_file():
+        raise SystemExit(f"{row['group']}/{row['run']}: neither {kept} nor {gens} exists: is --runs-dir the runs' "
+                         "directory (and the run evaluated)? Rows before session 22 kept their generations only there")
+    return [json.loads(x) for x in gens.read_text().splitlines() if x.strip()]
+
+
+def tally(rows: list[dict], runs_dir: Path, words: bool = False, results: Path = HERE / "results.jsonl") -> dict:
     """Per method label: counts of each kind, and (right, total) by the reference's number of items."""
     out = defaultdict(lambda: {"kinds": Counter(), "by_items": defaultdict(lambda: [0, 0]), "runs": 0})
     for r in rows:
-        gens = runs_dir / r["group"] / r["run"] / "eval" / r["task"] / r["selected_checkpoint"] / "test" / "generations.jsonl"
-        if not gens.is_file():
-            raise SystemExit(f"{gens} not found: is --runs-dir the runs' directory (and the run evaluated)?")
         t = out[report.label(r)]
         t["runs"] += 1
-        for g in map(json.loads, gens.read_text().splitlines()):
+        for g in generations(r, runs_dir, results):
             k = kind(g["extracted"], g["reference"], words)
             t["kinds"][k] += 1
             n = len(items(g["reference"], words))
@@ -104,7 +118,7 @@ def main(argv=None) -> int:
     rows = [r for r in report.load(args.results) if r["group"] == args.group]
     if not rows:
         raise SystemExit(f"{args.results}: no row of group {args.group!r}")
-    print(table(tally(rows, args.runs_dir, args.words)))
+    print(table(tally(rows, args.runs_dir, args.words, args.results)))
     return 0
 
 
