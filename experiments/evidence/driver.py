@@ -54,6 +54,7 @@ from typing import Optional
 from mutor.run.train import last_checkpoint
 from mutor.utils.errors import MutorUserError
 from mutor.utils.io import yaml_load
+from report import generations_path   # same folder: where a row's generations are kept
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -106,11 +107,6 @@ def load_plan(path: Path) -> tuple[dict, list[Run]]:
             seen.add(run.key)
             runs.append(run)
     return plan, runs
-
-
-def generations_path(results: Path, group: str, run: str, split: str) -> Path:
-    """Where a run's scored generations on ``split`` are kept, beside the results file (gzipped JSON lines)."""
-    return results.parent / "generations" / group / run / f"{split}.jsonl.gz"
 
 
 def done_keys(results: Path) -> set:

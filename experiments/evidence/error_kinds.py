@@ -70,7 +70,7 @@ def kind(prediction: str, reference: str, words: bool = False) -> str:
 def generations(row: dict, runs_dir: Path, results: Path = HERE / "results.jsonl") -> list[dict]:
     """A run's test generations at its selected checkpoint: the copy kept beside the results file (the driver
     commits one with each row since session 22), else the run directory's."""
-    kept = results.parent / "generations" / row["group"] / row["run"] / "test.jsonl.gz"
+    kept = report.generations_path(results, row["group"], row["run"], "test")
     if kept.is_file():
         with gzip.open(kept, "rt") as f:
             return [json.loads(x) for x in f if x.strip()]

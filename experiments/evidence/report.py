@@ -37,6 +37,12 @@ def _measure(row: dict, measure: str) -> str:
     return f"{primary.replace('_', ' ')} (points)"
 
 
+def generations_path(results: Path, group: str, run: str, split: str) -> Path:
+    """Where a run's scored generations on ``split`` are kept, beside the results file (gzipped JSON lines;
+    driver.py writes them with the run's row, error_kinds.py reads them)."""
+    return results.parent / "generations" / group / run / f"{split}.jsonl.gz"
+
+
 def load(path: Path) -> list[dict]:
     if not path.is_file():
         return []
