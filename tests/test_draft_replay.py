@@ -215,7 +215,7 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_choos
 
 # Known failure (issue 27 item 1, session 22): sentence reordering s1, registers kept 20-28 % at d=2 in float32.
 # Under this load `auto` reads 0.947x here, as it did live (0.944-0.97x beside two runs, with its forwards timed by
-# wall clock or by CPU time alike), taking K=2 in most rounds although its own estimates say K=2 cannot pay.
+# wall clock or by CPU time alike), taking K=2 in most rounds although its estimates at the end say K=2 cannot pay (cause not found yet).
 LOADED_XFAIL = {"sr1_fp32_val": "issue 27: auto takes K=2 under load on weak registers (0.947x; live 0.944-0.97x)"}
 
 
