@@ -54,7 +54,7 @@ from typing import Optional
 from mutor.run.train import last_checkpoint
 from mutor.utils.errors import MutorUserError
 from mutor.utils.io import yaml_load
-from report import generations_path   # same folder: where a row's generations are kept
+from report import generations_path, load   # same folder: where a row's generations are kept, the rows
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -415,7 +415,7 @@ class Driver:
     def redraft(self, runs: list[Run]) -> int:
         """Drafting rows again, measured with this checkout's code, for the finished MuToR runs whose selected
         checkpoint is still on disk (after a change to the drafting code; the report keeps a run's latest row)."""
-        rows = {(r["group"], r["run"]): r for r in map(json.loads, filter(str.strip, self.results.read_text().splitlines()))}
+        rows = {(r["group"], r["run"]): r for r in load(self.results)}
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         for run in runs:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
@@ -434,7 +434,7 @@ class Driver:
     def backfill_generations(self, runs: list[Run]) -> int:
         """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
         them (before session 22) and whose evaluation is still on disk; train and measure nothing."""
-        rows = {(r["group"], r["run"]): r for r in map(json.loads, filter(str.strip, self.results.read_text().splitlines()))}
+        rows = {(r["group"], r["run"]): r for r in load(self.results)}
         for run in runs:
             row = rows.get(run.key)
             if row is None or generations_path(self.results, *run.key, "test").is_file():
