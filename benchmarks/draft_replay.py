@@ -274,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
                                                              "prompts (e.g. 20, as drafting.py), over --draws draws")
     ap.add_argument("--draws", type=int, default=100, help="with --sample: random prompt samples and cost draws")
+    ap.add_argument("--auto", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting of auto's DraftLength (memory, smoothing, optimism, probe_share, margin, ...), "
+                         "e.g. --auto memory=0.85 --auto optimism=1: replayed as 'auto*' beside the default 'auto'")
     args = ap.parse_args(argv)
     if args.checkpoint is not None and args.task is None:
         ap.error("--task is needed to record from a checkpoint: an evaluation task of mutor eval (e.g. reasoning_gym)")
@@ -301,6 +304,13 @@ def main(argv=None) -> int:
     k_max = traces["d_max"]
     choosers: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)}
     choosers["auto"] = lambda: DraftLength(k_max)
+    if args.auto:
+        try:
+            settings = {k: float(v) for k, v in (a.split("=", 1) for a in args.auto)}
+            DraftLength(k_max, **settings)
+        except (ValueError, TypeError) as e:
+            ap.error(f"--auto takes NAME=NUMBER settings of DraftLength ({e})")
+        choosers["auto*"] = lambda: DraftLength(k_max, **settings)
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
     if args.sample:
         out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load)

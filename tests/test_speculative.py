@@ -236,7 +236,9 @@ def test_probes_back_off_and_take_at_most_their_share_of_the_time():
     never so often that probes cost more than ``probe_share`` of the decoding time."""
     cost = lambda rows: 1.0 + 0.02 * (rows - 1)                   # cheap rows (bf16-like): probes may be frequent
     picks = _decode(spec.DraftLength(4, probe_share=1.0), 400, cost, kept=lambda n: 0)   # no floor here
-    probes = [i for i, c in enumerate(picks) if c == (4, True)]
+    settled = 1 + max(i for i, c in enumerate(picks) if c not in {(1, False), (4, True)})  # drafting tried, given up
+    assert settled < 40
+    probes = [i for i, c in enumerate(picks) if c == (4, True) and i >= settled]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(gaps) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]
     for share in (0.01, 0.05):
@@ -301,13 +303,35 @@ def test_an_unmeasured_count_is_priced_from_the_measured_ones():
 
 def test_measured_costs_need_not_grow_with_the_rows_and_a_load_spike_moves_them_little():
     """float32 on a CPU: 3 rows can cost more than 4. A count's own measurements decide its cost; a count not
-    measured costs what the cheapest larger one does; one slow measurement weighs as twice the average at most."""
+    measured costs what the cheapest larger one does; one slow measurement weighs as twice the average at most; a
+    count's first measurements are averaged, so that one lucky forward does not stand for its cost."""
     length = spec.DraftLength(2)
     for rows, sec in ((4, 2.0), (3, 2.5), (1, 1.0)):
         length.record(rows, sec)
     assert length.seconds(3) == 2.5 and length.seconds(2) == 2.0 and length.seconds(1) == 1.0
     length.record(1, 10.0)
-    assert length.seconds(1) == pytest.approx(0.7 * 1.0 + 0.3 * 2.0)
+    assert length.seconds(1) == pytest.approx(0.5 * 1.0 + 0.5 * 2.0)    # the second measurement: half, capped at 2x
+    for _ in range(100):                                                   # the first ones averaged (weight 1/n) ...
+        length.record(4, 1.0)
+    assert length.seconds(4) == pytest.approx(1.0, abs=1e-3)
+    length.record(4, 3.0)                                                  # ... then a running average (smoothing)
+    assert length.seconds(4) == pytest.approx(1.0 + length.smoothing * (2.0 - 1.0), abs=1e-3)
+
+
+@pytest.mark.parametrize("two_rows, expected", [(1.6, (4, True)), (1.2, (2, True))])
+def test_a_round_with_no_draft_feeds_the_cheapest_count_of_registers(two_rows, expected):
+    """Drafting wins (K=2, d=2 always kept), but the round has no draft (the last one was rejected, or the round
+    before was plain): it feeds the pending token and j-1 registers, j rows, whatever K. In float32 on a CPU 4 rows
+    can cost less than 2, so it takes the cheapest j >= K: registers for more offsets, for less."""
+    length = spec.DraftLength(4)
+    for rows, sec in ((1, 1.0), (2, two_rows), (3, 1.7), (4, 1.4), (9, 3.0), (16, 5.0)):
+        length.record(rows, sec)
+    length.tried.update(length.candidates)
+    for _ in range(30):
+        length.observe(2, 1)                                       # d=2 kept, d=3 not
+    assert length.best() == (2, False)
+    assert length.choose(0) == expected
+    assert length.choose(1) == (2, False)                          # with a draft: the best K, full
 
 
 def test_draft_length_stops_at_the_first_offset_that_fails():

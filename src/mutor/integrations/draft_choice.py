@@ -65,13 +65,18 @@ class DraftLength:
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
     being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
     discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior; 0 until it has
-    been checked once), so that a repetitive or formulaic stretch of text is noticed; an offset not offered
-    keeps its estimate. The drafts
+    been checked once), so that a long repetitive or formulaic stretch of text is noticed; an offset not offered
+    keeps its estimate. A short memory (0.85, about 7 drafts) made the estimate swing by +-0.15 and the chooser
+    draft whenever it swung high, a winner's curse: sentence reordering in float32 (registers kept 25 %) under a
+    recorded load replayed at 0.947x plain, as it had measured live; 0.95 (about 20 drafts) is one part of
+    what brought it to 0.988x (the others: ``smoothing``, ``optimism``, ``probe_share`` below). The drafts
     of the prompt's registers (the answer's first tokens: a star graph's hard first hop, a short answer's
     first word) are counted apart and decide the round after the prompt's, unless they are more often wrong
     than right at d=2 and drafting within the answer wins: then that round takes the in-answer K with registers
     after every fed token (:meth:`choose`).
-    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows; a count not
+    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows (the mean of its
+    first ``1/smoothing`` measurements, then weight ``smoothing``: a cost is a property of the machine, and one
+    lucky first forward taken as the cost, or a short average, drafted at a loss under load); a count not
     measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
     proportion (a full round may never be fed whole: answers end, drafts end at eos).
 
@@ -81,8 +86,9 @@ class DraftLength:
     confidence bound, ``sqrt(p(1-p)/(n+2))`` with ``n`` the discounted count), because the errors are not
     symmetric: a plain round feeds no register and observes nothing, so an acceptance estimated too low keeps
     the chooser plain and is never corrected, while one too high is corrected by the very rounds it causes
-    (word reversal, 3 epochs, float32, 50 validation prompts replayed: 1.33x plain instead of 1.30x; gsm bf16
-    1.45x instead of 1.43x; nowhere slower). Which one wins depends on the machine, not
+    (word reversal, 3 epochs, float32, 50 validation prompts replayed: 1.357x plain with half a standard error,
+    1.336x with none; gsm bf16 1.445x against 1.436x). A whole standard error drafted at a loss on weak registers
+    under load (sentence reordering: 0.981x against 0.988x at half). Which one wins depends on the machine, not
     only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
     long full drafts; where a forward of a few rows costs two or three of one row (float32 on a CPU, whose
     one-row products take a faster path), K = 1, which is plain greedy decoding, unless nearly every draft
@@ -103,16 +109,21 @@ class DraftLength:
       ``probe_share`` of the time (the prompt's registers are such a probe then, and so is a K=2 round with a
       register after every fed token in the round after the prompt's, the one place where a short answer's
       in-answer draft can be checked); where not even a draft kept whole could pay, no register is fed.
+    - No draft to feed. Where a draft wins but the round has none (after a plain round, or a rejected draft of a
+      tail round), it feeds the pending token and j-1 registers, j rows whatever its K: the cheapest measured
+      j >= K (in float32 on a CPU 4 rows can cost less than 2; sentence reordering under load: 0.5 % of the time
+      went to 2-row rounds).
 
     ``fixed``: always that K, full (no timing)."""
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
-                 memory: float = 0.85, smoothing: float = 0.3, probe_share: float = 0.01, margin: float = 0.05,
-                 optimism: float = 1.0):
+                 memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.005, margin: float = 0.05,
+                 optimism: float = 0.5):
         self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
         self.optimism = optimism
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
         self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
+        self.measured: dict[int, int] = {}                 # forwards timed, by rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
         self.accepted = [0.0] * (k_max + 1)
         self.first_offered = [0.0] * (k_max + 1)           # the same for the prompt's drafts (the answer's start)
@@ -263,6 +274,8 @@ class DraftLength:
         self.since_probe += 1
         if best[0] < self.k_max and self._probe_due(best):
             return self.k_max, True                        # registers for every offset after the last fed token
+        if best[0] > 1 and not drafted:                    # no draft to feed: 1 token and j-1 registers, j rows
+            return min(range(best[0], self.k_max + 1), key=lambda j: self.seconds(j)), True
         return best
 
     def _probe_due(self, best: tuple[int, bool]) -> bool:
@@ -334,5 +347,6 @@ class DraftLength:
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers); one measurement moves the
         running average by at most as much as twice the average would (a load spike is not a new cost)."""
-        old = self.cost.get(rows)
-        self.cost[rows] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * min(seconds, 2 * old)
+        n = self.measured[rows] = self.measured.get(rows, 0) + 1
+        old, w = self.cost.get(rows), max(1 / n, self.smoothing)
+        self.cost[rows] = seconds if old is None else (1 - w) * old + w * min(seconds, 2 * old)

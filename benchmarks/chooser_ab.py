@@ -1,0 +1,81 @@
+"""Two draft choosers on the clock, live: this checkout's ``DraftLength`` against another commit's, same process.
+
+A chooser change is judged on recorded traces first (``draft_replay``), but a replay charges costs from a table
+and cannot show how a chooser reads a real machine's load. This decodes the same prompts with plain decoding
+(``K=1`` on the drafting path), this checkout's ``auto`` and ``auto`` with the ``DraftLength`` of another source
+tree (a git worktree of an earlier commit), all through this checkout's ``speculative.generate``, the three taking
+turns on each prompt in a rotating order so that a change of machine load hits them alike; one chooser instance
+each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K::
+
+    git worktree add --detach /tmp/old 5cac6a2
+    python -m benchmarks.chooser_ab RUN/checkpoint-375 --task reasoning_gym --limit 60 --baseline-src /tmp/old/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def baseline_chooser(src: Path):
+    """``DraftLength`` as defined in ``src/mutor/integrations/draft_choice.py`` of another tree, as a subclass of
+    this checkout's (so that ``generate`` takes it), every method and default its own."""
+    from mutor.integrations.draft_choice import DraftLength
+
+    path = src / "mutor" / "integrations" / "draft_choice.py"
+    if not path.is_file():
+        raise SystemExit(f"--baseline-src: no {path}")
+    spec = importlib.util.spec_from_file_location("baseline_draft_choice", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                                   # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    methods = {k: v for k, v in vars(mod.DraftLength).items() if callable(v) or isinstance(v, staticmethod)}
+    return type("BaselineDraftLength", (DraftLength,), methods)
+
+
+def main(argv=None) -> int:
+    from mutor.eval.harness import load_drafter, run_info, task_prompts
+    from mutor.integrations.draft_choice import DraftLength, DraftStats
+    from mutor.integrations.speculative import generate
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--limit", type=int, default=60)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--baseline-src", type=Path, required=True, help="the src/ folder of the other tree")
+    args = ap.parse_args(argv)
+    Baseline = baseline_chooser(args.baseline_src)
+    mode = run_info(str(args.checkpoint)).get("prefix_attention", "causal")
+    model, tok = load_drafter(str(args.checkpoint), dtype=args.dtype, device="cpu")
+    prompts, bench = task_prompts(args.task, tok, args.split, None, args.limit, model_path=str(args.checkpoint))
+    n_new, eos = bench.template.max_new_tokens, tok.eos_token_id
+    d_max = model.mutor_config.d_max
+    choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max), "auto (baseline)": Baseline(d_max)}
+    secs, stats = dict.fromkeys(choosers, 0.0), {name: DraftStats() for name in choosers}
+    names = list(choosers)
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                t0 = time.perf_counter()
+                _, st = generate(model, torch.tensor([p]), n_new, choosers[name], eos_token_id=eos, prefix_attention=mode)
+                secs[name] += time.perf_counter() - t0
+                stats[name].add(st)
+    out = {"checkpoint": str(args.checkpoint), "prompts": len(prompts), "dtype": args.dtype,
+           "threads": torch.get_num_threads(), "baseline_src": str(args.baseline_src),
+           **{name: {"seconds": round(secs[name], 2), "speed_vs_K1": round(secs["K=1"] / secs[name], 3),
+                     "rounds": stats[name].to_dict()["rounds"], "acceptance": stats[name].to_dict()["acceptance"]}
+              for name in names}}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
