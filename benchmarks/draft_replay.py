@@ -165,22 +165,29 @@ def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float
 
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
-           load: Optional[dict[int, list[float]]]) -> Callable[[int], float]:
+           load: Optional[dict[int, list[float]]], drift: float = 0.0) -> Callable[[int], float]:
     """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
-    from a recorded load (its row count's, else one row's), and with probability ``spikes`` 2-3x that."""
+    from a recorded load (its row count's, else one row's), times ``exp(x)`` for a load that moves (``drift``:
+    x follows x <- 0.98 x + N(0, drift) from forward to forward, so that neighbouring forwards share their load),
+    and with probability ``spikes`` 2-3x that."""
     import math
+
+    level = [0.0]
 
     def cost(rows):
         c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
         if load:
             c *= rng.choice(load.get(rows) or load[1])
+        if drift:
+            level[0] = 0.98 * level[0] + rng.gauss(0.0, drift)
+            c *= math.exp(level[0])
         return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
     return cost
 
 
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
-            load: Optional[dict[int, list[float]]] = None) -> dict:
+            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0) -> dict:
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
@@ -193,7 +200,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
         for seed in range(repeats):
-            cost = _drawn(table, random.Random(seed), noise, spikes, load)
+            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift)
             length = make()
             for tr in traces["traces"]:
                 r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
@@ -207,7 +214,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
 
 def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]], sample: int,
            draws: int, prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0,
-           load: Optional[dict[int, list[float]]] = None) -> dict:
+           load: Optional[dict[int, list[float]]] = None, drift: float = 0.0) -> dict:
     """What one short measurement can show: ``draws`` times, ``sample`` prompts drawn at random (draw i: seed i)
     and decoded by a fresh chooser of each kind and by plain decoding, as ``drafting.py`` measures a run (20
     prompts, one chooser for them all), each forward's cost drawn as in :func:`compare` (the same seed for every
@@ -221,7 +228,7 @@ def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[
         prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
         secs = {}
         for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
-            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load), make()
+            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift), make()
             secs[name] = sum(replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"] for tr in prompts)
         for name in choosers:
             ratios[name].append(secs["K=1"] / secs[name])
@@ -270,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--load", type=Path, nargs=2, metavar=("QUIET", "LOADED"), default=None,
                     help="draw each forward's cost factor from a recorded load: per-forward times of the same "
                          "decoding quiet and loaded (draft_traces/forward_times/)")
+    ap.add_argument("--drift", type=float, default=0.0, help="a load that moves: each forward's cost times exp(x), "
+                    "x <- 0.98 x + N(0, DRIFT) per forward (0.1 read like the live loss of session 23)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
                                                              "prompts (e.g. 20, as drafting.py), over --draws draws")
@@ -313,9 +322,11 @@ def main(argv=None) -> int:
         choosers["auto*"] = lambda: DraftLength(k_max, **settings)
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
     if args.sample:
-        out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load)
+        out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load,
+                     drift=args.drift)
     else:
-        out = compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load)
+        out = compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load,
+                      drift=args.drift)
     print(json.dumps(out, indent=1))
     return 0
 

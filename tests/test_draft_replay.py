@@ -217,7 +217,8 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_choos
 # Under this load `auto` read 0.947x here with the session-22 chooser, as it did live (0.944-0.97x beside two runs);
 # the session-23 settings (memory 0.95, costs averaged longer, half the optimism, half the probes) bring it to
 # 0.988x, and live to 0.979x (0.966x for the old one, same prompts, interleaved); quiet, live, 1.004x greedy.
-LOADED_XFAIL = {"sr1_fp32_val": "issue 27: auto drafts at a loss under load on weak registers (0.988x; live 0.979x)"}
+LOADED_XFAIL = {"sr1_fp32_val": "issue 27: auto drafts at a loss under load on weak registers "
+                                "(recorded load 0.988x, moving load 0.968x; live 0.979x)"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
@@ -230,6 +231,18 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     traces = json.loads(path.read_text())
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, load=load, repeats=3)
+    assert out["auto"]["speedup"] >= 0.99, out
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
+                                  if p.stem in LOADED_XFAIL else p for p in TRACES], ids=[p.stem for p in TRACES])
+def test_auto_under_a_moving_load_is_never_slower_than_plain(path):
+    """Each forward's cost times exp(x), x a slow random walk (``drift`` 0.1: neighbouring forwards share their load,
+    as beside training runs whose phases come and go; over 6 draws it matched the live losses of session 23 on sr1:
+    0.978x against 0.979x live, the session-22 chooser 0.958x against 0.966x): ``auto`` stays at least 0.99x plain."""
+    traces = json.loads(path.read_text())
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, drift=0.1, repeats=3)
     assert out["auto"]["speedup"] >= 0.99, out
 
 
