@@ -345,8 +345,9 @@ class DraftLength:
         self.watched = []
 
     def record(self, rows: int, seconds: float) -> None:
-        """The measured seconds of a forward of ``rows`` rows (tokens and registers); one measurement moves the
-        running average by at most as much as twice the average would (a load spike is not a new cost)."""
+        """The measured seconds of a forward of ``rows`` rows (tokens and registers): the mean of the first
+        ``1/smoothing`` measurements, then a running average of weight ``smoothing``; one measurement moves it by
+        at most as much as twice the average would (a load spike is not a new cost)."""
         n = self.measured[rows] = self.measured.get(rows, 0) + 1
         old, w = self.cost.get(rows), max(1 / n, self.smoothing)
         self.cost[rows] = seconds if old is None else (1 - w) * old + w * min(seconds, 2 * old)
