@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     out = {"checkpoint": str(args.checkpoint), "prompts": len(prompts), "dtype": args.dtype,
            "threads": torch.get_num_threads(), "baseline_src": str(args.baseline_src),
            **{name: {"seconds": round(secs[name], 2), "speed_vs_K1": round(secs["K=1"] / secs[name], 3),
-                     "rounds": stats[name].to_dict()["rounds"], "acceptance": stats[name].to_dict()["acceptance"]}
+                     **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")}}
               for name in names}}
     print(json.dumps(out))
     return 0

@@ -219,10 +219,11 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_choos
 # 0.988x, and live to 0.979x (0.966x for the old one, same prompts, interleaved); quiet, live, 1.004x greedy.
 LOADED_XFAIL = {"sr1_fp32_val": "issue 27: auto drafts at a loss under load on weak registers "
                                 "(recorded load 0.988x, moving load 0.968x; live 0.979x)"}
+UNDER_LOAD = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
+              if p.stem in LOADED_XFAIL else p for p in TRACES]      # the trace sets, as the load tests take them
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
-                                  if p.stem in LOADED_XFAIL else p for p in TRACES], ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", UNDER_LOAD, ids=[p.stem for p in TRACES])
 def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     """The same traces with each forward's cost times a factor drawn from the per-forward times recorded beside a
     training run (5th-95th percentile 0.62-1.52x): ``auto`` stays at least 0.99x plain decoding."""
@@ -234,8 +235,7 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     assert out["auto"]["speedup"] >= 0.99, out
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
-                                  if p.stem in LOADED_XFAIL else p for p in TRACES], ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", UNDER_LOAD, ids=[p.stem for p in TRACES])
 def test_auto_under_a_moving_load_is_never_slower_than_plain(path):
     """Each forward's cost times exp(x), x a slow random walk (``drift`` 0.1: neighbouring forwards share their load,
     as beside training runs whose phases come and go; over 6 draws it matched the live losses of session 23 on sr1:
