@@ -3,12 +3,14 @@
 A chooser change is judged on recorded traces first (``draft_replay``), but a replay charges costs from a table
 and cannot show how a chooser reads a real machine's load. This decodes the same prompts with plain decoding
 (``K=1`` on the drafting path), this checkout's ``auto`` and ``auto`` with the ``DraftLength`` of another source
-tree (a git worktree of an earlier commit), all through this checkout's ``speculative.generate``, the three taking
+tree (a git worktree of an earlier commit; without one, this checkout's with other settings, ``--baseline-set``), all
+through this checkout's ``speculative.generate``, the three taking
 turns on each prompt in a rotating order so that a change of machine load hits them alike; one chooser instance
 each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K::
 
     git worktree add --detach /tmp/old 5cac6a2
     python -m benchmarks.chooser_ab RUN/checkpoint-375 --task reasoning_gym --limit 60 --baseline-src /tmp/old/src
+    python -m benchmarks.chooser_ab RUN/checkpoint-375 --task reasoning_gym --baseline-set clock=wall
 """
 
 from __future__ import annotations
@@ -39,6 +41,32 @@ def baseline_chooser(src: Path):
     return type("BaselineDraftLength", (DraftLength,), methods)
 
 
+def settings(pairs: list[str]) -> dict:
+    """``NAME=VALUE`` pairs as ``DraftLength`` keyword arguments (numbers as ints or floats, else strings)."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"expected NAME=VALUE, got {pair!r}")
+        for kind in (int, float, str):
+            try:
+                out[name] = kind(value)
+                break
+            except ValueError:
+                pass
+    return out
+
+
+def state(length) -> dict:
+    """What a chooser believed at the end: ms per forward by rows (and how many it timed), the acceptance
+    estimate per offset, and its choice."""
+    return {"ms_by_rows": {r: round(1000 * c, 1) for r, c in sorted(length.cost.items())},
+            "timed_by_rows": dict(sorted(length.measured.items())),
+            "acceptance_estimate": {f"d={d}": round((length.accepted[d] + 1) / (length.offered[d] + 2), 3)
+                                    for d in range(2, length.k_max + 1) if length.offered[d]},
+            "best": list(length.best())}
+
+
 def main(argv=None) -> int:
     from mutor.eval.harness import load_drafter, run_info, task_prompts
     from mutor.integrations.draft_choice import DraftLength, DraftStats
@@ -50,15 +78,25 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="test")
     ap.add_argument("--limit", type=int, default=60)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--baseline-src", type=Path, required=True, help="the src/ folder of the other tree")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads (drafting.py's evidence rows: 1)")
+    ap.add_argument("--baseline-src", type=Path, default=None, help="the src/ folder of the other tree (default: "
+                    "this checkout's chooser)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a DraftLength setting of auto")
+    ap.add_argument("--baseline-set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a DraftLength setting of the baseline")
     args = ap.parse_args(argv)
-    Baseline = baseline_chooser(args.baseline_src)
+    if args.baseline_src is None and not args.baseline_set and not args.set:
+        raise SystemExit("nothing to compare: give --baseline-src, --set or --baseline-set")
+    torch.set_num_threads(args.threads)
+    Baseline = baseline_chooser(args.baseline_src) if args.baseline_src else DraftLength
+    mine, theirs = settings(args.set), settings(args.baseline_set)
     mode = run_info(str(args.checkpoint)).get("prefix_attention", "causal")
     model, tok = load_drafter(str(args.checkpoint), dtype=args.dtype, device="cpu")
     prompts, bench = task_prompts(args.task, tok, args.split, None, args.limit, model_path=str(args.checkpoint))
     n_new, eos = bench.template.max_new_tokens, tok.eos_token_id
     d_max = model.mutor_config.d_max
-    choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max), "auto (baseline)": Baseline(d_max)}
+    choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max, **mine),
+                "auto (baseline)": Baseline(d_max, **theirs)}
     secs, stats = dict.fromkeys(choosers, 0.0), {name: DraftStats() for name in choosers}
     names = list(choosers)
     with torch.no_grad():
@@ -70,8 +108,10 @@ def main(argv=None) -> int:
                 stats[name].add(st)
     out = {"checkpoint": str(args.checkpoint), "prompts": len(prompts), "dtype": args.dtype,
            "threads": torch.get_num_threads(), "baseline_src": str(args.baseline_src),
+           "set": mine, "baseline_set": theirs,
            **{name: {"seconds": round(secs[name], 2), "speed_vs_K1": round(secs["K=1"] / secs[name], 3),
-                     **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")}}
+                     **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")},
+                     **({} if choosers[name].fixed else {"state": state(choosers[name])})}
               for name in names}}
     print(json.dumps(out))
     return 0

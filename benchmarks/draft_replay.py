@@ -115,9 +115,10 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
         kept = _verify(draft, y[n:n + len(draft)], stats)      # pending y[n-1]: draft[i] proposes y[n + i]
         if stats.forwards:
             rows = m + len(ends) * (k - 1)
-            c = cost(rows)                              # what this forward took, and what the chooser is told
-            secs += c
-            length.record(rows, c)
+            c = cost(rows)                              # what this forward took (and what the chooser is told)
+            took, told = c if isinstance(c, tuple) else (c, c)
+            secs += took
+            length.record(rows, told)
         stats.forwards += 1
         stats.rounds[k] = stats.rounds.get(k, 0) + 1
         new = y[n:n + kept + 1]
@@ -165,29 +166,32 @@ def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float
 
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
-           load: Optional[dict[int, list[float]]], drift: float = 0.0) -> Callable[[int], float]:
+           load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall") -> Callable:
     """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
     from a recorded load (its row count's, else one row's), times ``exp(x)`` for a load that moves (``drift``:
     x follows x <- 0.98 x + N(0, drift) from forward to forward, so that neighbouring forwards share their load),
-    and with probability ``spikes`` 2-3x that."""
+    and with probability ``spikes`` 2-3x that. ``clock="cpu"``: returns ``(that, what the chooser is told)``,
+    the latter without the load, drift and spikes (a CPU-time clock, idealised: waiting for a core is all the
+    load does)."""
     import math
 
     level = [0.0]
 
     def cost(rows):
-        c = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
+        c = own = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
         if load:
             c *= rng.choice(load.get(rows) or load[1])
         if drift:
             level[0] = 0.98 * level[0] + rng.gauss(0.0, drift)
             c *= math.exp(level[0])
-        return c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
+        c = c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
+        return (c, own) if clock == "cpu" else c
     return cost
 
 
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
-            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0) -> dict:
+            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall") -> dict:
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
@@ -200,7 +204,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
         for seed in range(repeats):
-            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift)
+            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock)
             length = make()
             for tr in traces["traces"]:
                 r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
@@ -214,7 +218,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
 
 def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]], sample: int,
            draws: int, prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0,
-           load: Optional[dict[int, list[float]]] = None, drift: float = 0.0) -> dict:
+           load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall") -> dict:
     """What one short measurement can show: ``draws`` times, ``sample`` prompts drawn at random (draw i: seed i)
     and decoded by a fresh chooser of each kind and by plain decoding, as ``drafting.py`` measures a run (20
     prompts, one chooser for them all), each forward's cost drawn as in :func:`compare` (the same seed for every
@@ -228,7 +232,7 @@ def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[
         prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
         secs = {}
         for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
-            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift), make()
+            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock), make()
             secs[name] = sum(replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"] for tr in prompts)
         for name in choosers:
             ratios[name].append(secs["K=1"] / secs[name])
@@ -279,6 +283,8 @@ def main(argv=None) -> int:
                          "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--drift", type=float, default=0.0, help="a load that moves: each forward's cost times exp(x), "
                     "x <- 0.98 x + N(0, DRIFT) per forward (0.1 read like the live loss of session 23)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the chooser is told: the "
+                    "loaded cost (a wall clock), or the cost without the load (a CPU-time clock, idealised)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
                                                              "prompts (e.g. 20, as drafting.py), over --draws draws")
@@ -323,10 +329,10 @@ def main(argv=None) -> int:
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
     if args.sample:
         out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load,
-                     drift=args.drift)
+                     drift=args.drift, clock=args.clock)
     else:
         out = compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load,
-                      drift=args.drift)
+                      drift=args.drift, clock=args.clock)
     print(json.dumps(out, indent=1))
     return 0
 

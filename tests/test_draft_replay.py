@@ -276,3 +276,31 @@ def test_chooser_ab_takes_another_trees_draft_length_with_its_own_defaults(tmp_p
     assert issubclass(Baseline, DraftLength) and Baseline(4).memory == 0.5 and DraftLength(4).memory == 0.95
     with pytest.raises(SystemExit, match="no .*draft_choice.py"):
         baseline_chooser(tmp_path / "nowhere")
+
+
+def test_chooser_ab_settings_are_typed_and_malformed_ones_refused():
+    from benchmarks.chooser_ab import settings
+
+    assert settings(["probe=8", "memory=0.9", "clock=cpu"]) == {"probe": 8, "memory": 0.9, "clock": "cpu"}
+    with pytest.raises(SystemExit, match="expected NAME=VALUE"):
+        settings(["memory"])
+
+
+def test_a_cpu_clock_replayed_tells_the_chooser_its_cost_without_the_load():
+    """``clock="cpu"``: each forward is charged its loaded cost and the chooser told the same cost without the
+    load (what a CPU-time clock that does not count waiting for a core would read, idealised)."""
+    told = []
+
+    class Told(DraftLength):
+        def record(self, rows, seconds):
+            told.append((rows, seconds))
+            super().record(rows, seconds)
+
+    traces = _short_answers(6)
+    costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
+    wall = compare(traces, costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, load={1: [2.0]})
+    assert told and all(s == pytest.approx(2 * costs.get(r, 1.3 * r / 16)) for r, s in told)
+    told.clear()
+    cpu = compare(traces, costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, load={1: [2.0]}, clock="cpu")
+    assert told and all(s == pytest.approx(costs.get(r, 1.3 * r / 16)) for r, s in told)
+    assert cpu["K=1"]["seconds"] == wall["K=1"]["seconds"]           # charged the load either way

@@ -3,6 +3,8 @@ on a hand-built case, and a cache that never keeps register entries."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from families import VOCAB, make_model
@@ -427,6 +429,32 @@ def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
     got, stats = spec.generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
     assert got[0].tolist() == target
     assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 40
+
+
+@pytest.mark.parametrize("clock, expected", [(None, time.perf_counter), ("wall", time.perf_counter),
+                                             ("cpu", time.thread_time)])
+def test_the_chooser_times_forwards_by_the_clock_it_names(clock, expected):
+    length = spec.DraftLength(4) if clock is None else spec.DraftLength(4, clock=clock)
+    assert length.timer() is expected
+
+
+def test_generate_times_its_forwards_by_the_choosers_clock():
+    """Every timed forward is recorded as a difference of the chooser's clock (a fake one here, 1 s per tick)."""
+    class Ticking(spec.DraftLength):
+        def timer(self):
+            ticks = iter(range(10 ** 6))
+            return lambda: float(next(ticks))
+
+    base = make_model("llama")
+    length = Ticking(3)
+    spec.generate(MuToRModel(base, MuToRConfig(d_max=3)), _prompt(1), max_new_tokens=8, draft_registers=length,
+                  eos_token_id=[])
+    assert length.cost and all(c == 1.0 for c in length.cost.values())
+
+
+def test_an_unknown_clock_is_refused_by_name():
+    with pytest.raises(ValueError, match="clock must be one of wall, cpu, not 'gpu'"):
+        spec.DraftLength(4, clock="gpu")
 
 
 def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():

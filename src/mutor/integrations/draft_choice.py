@@ -10,8 +10,9 @@ draft long on a GPU or in bf16 and little or nothing in float32 on a CPU.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 
 @dataclass
@@ -114,11 +115,25 @@ class DraftLength:
       j >= K (in float32 on a CPU 4 rows can cost less than 2; sentence reordering under load: 0.5 % of the time
       went to 2-row rounds).
 
+    ``clock``: what a forward's seconds are measured by: ``"wall"`` (default, ``time.perf_counter``), or
+    ``"cpu"``, the decoding thread's CPU time (``time.thread_time``; only meaningful with one intra-op thread on a
+    CPU), which waiting for a core does not inflate. Replayed under a load that moves (``draft_replay --drift 0.1
+    --clock cpu``, an idealised CPU clock that sees none of the load) it kept sentence reordering at 0.994x plain
+    against the wall clock's 0.968x, but live, beside two trainings on two cores, it read 0.931x and 0.984x against
+    the wall clock's 0.965x and 0.996x (``benchmarks/chooser_ab.py``, 60 prompts, session 24): by CPU time a forward
+    of 2-3 rows cost only 1.1-1.2x one row, so it drafted 2-token tail rounds at break-even by its clock and
+    at a loss by the wall's. Not the default.
+
     ``fixed``: always that K, full (no timing)."""
+
+    CLOCKS = ("wall", "cpu")
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
                  memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.005, margin: float = 0.05,
-                 optimism: float = 0.5):
+                 optimism: float = 0.5, clock: str = "wall"):
+        if clock not in self.CLOCKS:
+            raise ValueError(f"DraftLength: clock must be one of {', '.join(self.CLOCKS)}, not {clock!r}")
+        self.clock = clock
         self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
         self.optimism = optimism
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
@@ -343,6 +358,10 @@ class DraftLength:
             if seen:
                 self.observe(seen, seen, first)
         self.watched = []
+
+    def timer(self) -> Callable[[], float]:
+        """The clock to time this chooser's forwards by (see ``clock``)."""
+        return time.thread_time if self.clock == "cpu" else time.perf_counter
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers): the mean of the first

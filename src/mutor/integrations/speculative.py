@@ -36,7 +36,6 @@ Batch size 1; eager and sdpa attention (a FlexAttention BlockMask cannot be slic
 
 from __future__ import annotations
 
-import time
 from typing import Optional, Union
 
 import torch
@@ -135,6 +134,7 @@ def generate(
     stats = DraftStats()
     pending, draft = ids[0], []                                                        # pending: kept, not in the cache
     q = None                                                                           # (len(draft), V) when sampling
+    clock = length.timer()
     try:
         while stats.new_tokens < max_new_tokens:
             room = max_new_tokens - stats.new_tokens - 1           # tokens this round may emit after its first
@@ -148,7 +148,7 @@ def generate(
             q = q[:len(draft)] if q is not None and draft else None
             last = at_eos or len(draft) >= room        # keeping every draft ends decoding (as the draft foresees)
             reg_vec = all_vec[:k - 1] if offsets else None
-            t0 = time.perf_counter()
+            t0 = clock()
             logits, m, a, ends = _draft_forward(model, emb, reg_vec, offsets, cache, pending, draft, prompt_len,
                                                 tail, last)                              # (m-a+R, V)
             if do_sample:                                          # kept drafts, then a token drawn from p
@@ -158,7 +158,7 @@ def generate(
                 kept = _verify(draft, greedy, stats)
                 nxt = greedy[kept]
             if stats.forwards:                                     # the prompt's round is no measure of a step
-                length.record(m + len(ends) * len(offsets), time.perf_counter() - t0)
+                length.record(m + len(ends) * len(offsets), clock() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
             stats.tail_rounds += tail
