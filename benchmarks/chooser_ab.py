@@ -41,22 +41,6 @@ def baseline_chooser(src: Path):
     return type("BaselineDraftLength", (DraftLength,), methods)
 
 
-def settings(pairs: list[str]) -> dict:
-    """``NAME=VALUE`` pairs as ``DraftLength`` keyword arguments (numbers as ints or floats, else strings)."""
-    out = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"expected NAME=VALUE, got {pair!r}")
-        for kind in (int, float, str):
-            try:
-                out[name] = kind(value)
-                break
-            except ValueError:
-                pass
-    return out
-
-
 def state(length) -> dict:
     """What a chooser believed at the end: ms per forward by rows (and how many it timed), the acceptance
     estimate per offset, and its choice."""
@@ -68,6 +52,7 @@ def state(length) -> dict:
 
 
 def main(argv=None) -> int:
+    from benchmarks.draft_replay import settings
     from mutor.eval.harness import load_drafter, run_info, task_prompts
     from mutor.integrations.draft_choice import DraftLength, DraftStats
     from mutor.integrations.speculative import generate

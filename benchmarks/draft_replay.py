@@ -259,6 +259,22 @@ def _costs(model, prompts, mode) -> dict:
             "row_seconds": row_costs(model, mid, d_max * d_max, prefix_attention=mode)}
 
 
+def settings(pairs: list[str]) -> dict:
+    """``NAME=VALUE`` pairs as ``DraftLength`` keyword arguments (numbers as ints or floats, else strings)."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"expected NAME=VALUE, got {pair!r}")
+        for kind in (int, float, str):
+            try:
+                out[name] = kind(value)
+                break
+            except ValueError:
+                pass
+    return out
+
+
 def main(argv=None) -> int:
     from mutor.integrations.draft_choice import DraftLength
 
@@ -321,11 +337,11 @@ def main(argv=None) -> int:
     choosers["auto"] = lambda: DraftLength(k_max)
     if args.auto:
         try:
-            settings = {k: float(v) for k, v in (a.split("=", 1) for a in args.auto)}
-            DraftLength(k_max, **settings)
+            chosen = settings(args.auto)
+            DraftLength(k_max, **chosen)
         except (ValueError, TypeError) as e:
-            ap.error(f"--auto takes NAME=NUMBER settings of DraftLength ({e})")
-        choosers["auto*"] = lambda: DraftLength(k_max, **settings)
+            ap.error(f"--auto takes NAME=VALUE settings of DraftLength ({e})")
+        choosers["auto*"] = lambda: DraftLength(k_max, **chosen)
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
     if args.sample:
         out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load,

@@ -280,8 +280,8 @@ def test_chooser_ab_takes_another_trees_draft_length_with_its_own_defaults(tmp_p
         baseline_chooser(tmp_path / "nowhere")
 
 
-def test_chooser_ab_settings_are_typed_and_malformed_ones_refused():
-    from benchmarks.chooser_ab import settings
+def test_chooser_settings_are_typed_and_malformed_ones_refused():
+    from benchmarks.draft_replay import settings
 
     assert settings(["probe=8", "memory=0.9", "clock=cpu"]) == {"probe": 8, "memory": 0.9, "clock": "cpu"}
     with pytest.raises(SystemExit, match="expected NAME=VALUE"):
