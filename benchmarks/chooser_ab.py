@@ -46,7 +46,7 @@ def state(length) -> dict:
     estimate per offset, and its choice."""
     return {"ms_by_rows": {r: round(1000 * c, 1) for r, c in sorted(length.cost.items())},
             "timed_by_rows": dict(sorted(length.measured.items())),
-            "acceptance_estimate": {f"d={d}": round((length.accepted[d] + 1) / (length.offered[d] + 2), 3)
+            "acceptance_estimate": {f"d={d}": round(length.estimate(d), 3)
                                     for d in range(2, length.k_max + 1) if length.offered[d]},
             "best": list(length.best())}
 

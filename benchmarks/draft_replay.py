@@ -299,7 +299,7 @@ def main(argv=None) -> int:
                          "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--drift", type=float, default=0.0, help="a load that moves: each forward's cost times exp(x), "
                     "x <- 0.98 x + N(0, DRIFT) per forward (0.1 read like the live loss of session 23)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the chooser is told: the "
+    ap.add_argument("--clock", choices=DraftLength.CLOCKS, default="wall", help="what the chooser is told: the "
                     "loaded cost (a wall clock), or the cost without the load (a CPU-time clock, idealised)")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "

@@ -157,11 +157,17 @@ class DraftLength:
     def expected_tokens(self, k: int) -> float:
         return self._chain(k)[0]
 
+    def estimate(self, d: int, first: bool = False) -> float:
+        """The acceptance of offset d: its discounted kept over offered drafts, one kept and one rejected draft as
+        prior (``first``: of the prompt's registers)."""
+        offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
+        return (accepted[d] + 1) / (offered[d] + 2)
+
     def _chain(self, k: int, perfect: bool = False, first: bool = False, optimistic: bool = False) -> tuple[float, float]:
         """``(E(k), P(k))``: expected tokens of a round with a draft of k-1 tokens, chance all are kept
         (``perfect``: as if every draft were kept; ``first``: a draft of the prompt's registers; ``optimistic``:
         each acceptance ``optimism`` standard errors higher)."""
-        offered, accepted = (self.first_offered, self.first_accepted) if first else (self.offered, self.accepted)
+        offered = self.first_offered if first else self.offered
         total, run = 1.0, 1.0
         for d in range(2, k + 1):
             if perfect:
@@ -169,7 +175,7 @@ class DraftLength:
             elif not offered[d]:                           # an offset never checked is worth nothing yet
                 p = 0.0
             else:
-                p = (accepted[d] + 1) / (offered[d] + 2)
+                p = self.estimate(d, first)
                 if optimistic:
                     p = min(1.0, p + self.optimism * math.sqrt(p * (1 - p) / (offered[d] + 2)))
             run *= p
