@@ -41,16 +41,6 @@ def baseline_chooser(src: Path):
     return type("BaselineDraftLength", (DraftLength,), methods)
 
 
-def state(length) -> dict:
-    """What a chooser believed at the end: ms per forward by rows (and how many it timed), the acceptance
-    estimate per offset, and its choice."""
-    return {"ms_by_rows": {r: round(1000 * c, 1) for r, c in sorted(length.cost.items())},
-            "timed_by_rows": dict(sorted(length.measured.items())),
-            "acceptance_estimate": {f"d={d}": round(length.estimate(d), 3)
-                                    for d in range(2, length.k_max + 1) if length.offered[d]},
-            "best": list(length.best())}
-
-
 def main(argv=None) -> int:
     from benchmarks.draft_replay import settings
     from mutor.eval.harness import load_drafter, run_info, task_prompts
@@ -96,7 +86,7 @@ def main(argv=None) -> int:
            "set": mine, "baseline_set": theirs,
            **{name: {"seconds": round(secs[name], 2), "speed_vs_K1": round(secs["K=1"] / secs[name], 3),
                      **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")},
-                     **({} if choosers[name].fixed else {"state": state(choosers[name])})}
+                     **({} if choosers[name].fixed else {"state": choosers[name].state()})}
               for name in names}}
     print(json.dumps(out))
     return 0

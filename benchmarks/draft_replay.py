@@ -166,19 +166,22 @@ def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float
 
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
-           load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall") -> Callable:
+           load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall", cold: float = 1.0) -> Callable:
     """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
     from a recorded load (its row count's, else one row's), times ``exp(x)`` for a load that moves (``drift``:
     x follows x <- 0.98 x + N(0, drift) from forward to forward, so that neighbouring forwards share their load),
-    and with probability ``spikes`` 2-3x that. ``clock="cpu"``: returns ``(that, what the chooser is told)``,
-    the latter without the load, drift and spikes (a CPU-time clock, idealised: waiting for a core is all the
-    load does)."""
+    and with probability ``spikes`` 2-3x that; the first forward of each row count ``cold`` times that (a
+    shape's warm-up). ``clock="cpu"``: returns ``(that, what the chooser is told)``, the latter without the
+    load, drift and spikes (a CPU-time clock, idealised: waiting for a core is all the load does)."""
     import math
 
-    level = [0.0]
+    level, seen = [0.0], set()
 
     def cost(rows):
         c = own = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
+        if rows not in seen:
+            seen.add(rows)
+            c, own = c * cold, own * cold
         if load:
             c *= rng.choice(load.get(rows) or load[1])
         if drift:
@@ -191,7 +194,8 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
 
 def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
-            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall") -> dict:
+            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall",
+            cold: float = 1.0) -> dict:
     """Seconds of each chooser over every trace (one chooser instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
@@ -204,7 +208,7 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
     for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
         total = Counter()
         for seed in range(repeats):
-            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock)
+            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock, cold)
             length = make()
             for tr in traces["traces"]:
                 r = replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)
@@ -218,7 +222,8 @@ def compare(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[
 
 def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[], object]], sample: int,
            draws: int, prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0,
-           load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall") -> dict:
+           load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall",
+           cold: float = 1.0) -> dict:
     """What one short measurement can show: ``draws`` times, ``sample`` prompts drawn at random (draw i: seed i)
     and decoded by a fresh chooser of each kind and by plain decoding, as ``drafting.py`` measures a run (20
     prompts, one chooser for them all), each forward's cost drawn as in :func:`compare` (the same seed for every
@@ -232,7 +237,7 @@ def spread(traces: dict, costs: dict[int, float], choosers: dict[str, Callable[[
         prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
         secs = {}
         for name, make in {"K=1": lambda: fixed(1), **choosers}.items():
-            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock), make()
+            cost, length = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock, cold), make()
             secs[name] = sum(replay(length, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"] for tr in prompts)
         for name in choosers:
             ratios[name].append(secs["K=1"] / secs[name])
@@ -301,6 +306,8 @@ def main(argv=None) -> int:
                     "x <- 0.98 x + N(0, DRIFT) per forward (0.1 read like the live loss of session 23)")
     ap.add_argument("--clock", choices=DraftLength.CLOCKS, default="wall", help="what the chooser is told: the "
                     "loaded cost (a wall clock), or the cost without the load (a CPU-time clock, idealised)")
+    ap.add_argument("--cold", type=float, default=1.0, help="the first forward of each row count costs this many "
+                    "times more (a shape's warm-up: kernels loaded, primitives made), e.g. 3")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
                                                              "prompts (e.g. 20, as drafting.py), over --draws draws")
@@ -345,10 +352,10 @@ def main(argv=None) -> int:
     load = load_ratios(*(json.loads(f.read_text()) for f in args.load)) if args.load else None
     if args.sample:
         out = spread(traces, costs, choosers, args.sample, args.draws, noise=args.noise, spikes=args.spikes, load=load,
-                     drift=args.drift, clock=args.clock)
+                     drift=args.drift, clock=args.clock, cold=args.cold)
     else:
         out = compare(traces, costs, choosers, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load,
-                      drift=args.drift, clock=args.clock)
+                      drift=args.drift, clock=args.clock, cold=args.cold)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -164,6 +164,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
         if m.startswith("registers_K"):
             k = next(k for k, v in label.items() if v == m)
             row.update(stats[k].to_dict())
+            if k in choosers:
+                row["chooser_state"] = choosers[k].state()                             # why it drafted as it did
         rows.append(row)
     where = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else str(device)
     return {"run": run, "task": task, "device": where, "prompts": len(prompts), "max_new_tokens": new, "rounds": rounds,

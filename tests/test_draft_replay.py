@@ -306,3 +306,59 @@ def test_a_cpu_clock_replayed_tells_the_chooser_its_cost_without_the_load():
     cpu = compare(traces, costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, load={1: [2.0]}, clock="cpu")
     assert told and all(s == pytest.approx(costs.get(r, 1.3 * r / 16)) for r, s in told)
     assert cpu["K=1"]["seconds"] == wall["K=1"]["seconds"]           # charged the load either way
+
+
+def test_a_cold_first_forward_is_charged_once_per_row_count():
+    """``cold``: the first forward of each row count costs that many times its table cost (a shape's warm-up);
+    later forwards of that count, and the chooser's CPU clock after them, cost the table's."""
+    told = []
+
+    class Told(DraftLength):
+        def record(self, rows, seconds):
+            told.append((rows, seconds))
+            super().record(rows, seconds)
+
+    costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
+    compare(_short_answers(6), costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, cold=3.0)
+    firsts = {}
+    for rows, sec in told:
+        firsts.setdefault(rows, []).append(sec / costs.get(rows, 1.3 * rows / 16))
+    assert firsts and all(r[0] == pytest.approx(3.0) and all(x == pytest.approx(1.0) for x in r[1:])
+                          for r in firsts.values())
+
+
+def test_auto_with_a_warmup_forward_recovers_from_a_cold_first_forward():
+    """Word reversal after 3 epochs (drafting pays: K=4 1.29x): with each row count's first forward 3x its cost,
+    the default chooser takes that cost as the draft's and never feeds it again (about plain speed); not counting
+    each count's first forward (``warmup=1``) keeps most of the gain."""
+    traces = json.loads((TRACES[0].parent / "wr3ep0_fp32_val.json").read_text())
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"]),
+                                  "warm": lambda: DraftLength(traces["d_max"], warmup=1)}, cold=3.0)
+    assert out["auto"]["speedup"] < 1.05 and out["warm"]["speedup"] > 1.2
+
+
+def test_a_warmup_forward_is_not_counted_and_its_draft_is_tried_again():
+    """``warmup=1``: a row count's first forward is not its cost, and a draft tried on it is untried again."""
+    length = DraftLength(2, warmup=1)
+    length.record(1, 5.0)                                  # a shape's first forward: not a cost
+    assert 1 not in length.cost and length.measured[1] == 1
+    length.record(1, 1.0)
+    assert length.seconds(1) == 1.0
+    length.tried.add((2, False))
+    length.record(4, 9.0)                                  # K=2's first forward: not counted, K=2 untried again
+    assert 4 not in length.cost and (2, False) not in length.tried
+    length.record(4, 1.2)
+    assert length.seconds(4) == 1.2
+
+
+def test_the_chooser_state_says_what_it_believes():
+    """``DraftLength.state()`` (benchmark rows, chooser_ab): ms by rows, forwards timed, acceptance estimates, best."""
+    length = DraftLength(3)
+    length.record(1, 0.010)
+    length.record(4, 0.012)
+    length.observe(2, 1)                                   # two drafts: d=2 kept, d=3 not
+    st = length.state()
+    assert st["ms_by_rows"] == {1: 10.0, 4: 12.0} and st["timed_by_rows"] == {1: 1, 4: 1}
+    assert st["acceptance_estimate"] == {"d=2": round(2 / 3, 3), "d=3": round(1 / 3, 3)} and st["best"] == [1, False]
+    assert DraftLength(3).state()["best"] is None

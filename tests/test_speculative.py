@@ -201,10 +201,12 @@ def test_benchmark_runs_on_a_saved_star_graph_model(tmp_path):
 
     MuToRModel(make_model("llama"), MuToRConfig(d_max=3, min_offset=2)).save_pretrained(tmp_path)
     (tmp_path / "recipe.yaml").write_text("seed: 0\ndata: {task: star_graph, degree: 2, path_len: 3, num_nodes: 20}\n")
-    res = measure(str(tmp_path), drafts=[2, 3], num_prompts=3, max_new_tokens=None, rounds=1, lookup=2)
-    assert [r["method"] for r in res["rows"]] == ["greedy", "prompt_lookup_2", "registers_K2", "registers_K3"]
+    res = measure(str(tmp_path), drafts=[2, 3, "auto"], num_prompts=3, max_new_tokens=None, rounds=1, lookup=2)
+    assert [r["method"] for r in res["rows"]] == ["greedy", "prompt_lookup_2", "registers_K2", "registers_K3",
+                                                   "registers_Kauto"]
     assert res["max_new_tokens"] == 3 and res["rows"][2]["new_tokens"] == 9
     assert "| registers_K3 |" in markdown(res)
+    assert "chooser_state" in res["rows"][4] and "chooser_state" not in res["rows"][3]   # why auto drafted so
 
 
 def _decode(length, n: int, cost, kept) -> list[tuple[int, bool]]:

@@ -124,18 +124,28 @@ class DraftLength:
     of 2-3 rows cost only 1.1-1.2x one row, so it drafted 2-token tail rounds at break-even by its clock and
     at a loss by the wall's. Not the default.
 
+    ``warmup``: forwards of each row count that are not counted (default 0), a draft tried then being tried again.
+    A shape's first forward can cost more than the next ones (a GPU loads kernels on first use; oneDNN makes its
+    primitives per shape), and a cost measured too high is never corrected: the draft it rules out is not fed
+    again. Replayed with the first forward of each row count 3x its cost (``draft_replay --cold 3``), the default
+    fell from 1.357x to 0.989x plain on word reversal (3 epochs) and from 1.445x to 1.144x on gsm_symbolic (bf16);
+    ``warmup=1`` kept 1.262x and 1.420x, but cost the near-break-even sets up to 5 % (full-tuned word reversal quiet:
+    0.993x against 1.043x; sentence reordering with cold 10: 0.939x against 0.970x), since every draft is tried
+    twice. On this CPU a first forward costs no more than the next ones within the noise (session 25); on a GPU
+    it is not measured. So not the default (benchmarks/RESULTS.md, session 25).
+
     ``fixed``: always that K, full (no timing)."""
 
     CLOCKS = ("wall", "cpu")
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
                  memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.005, margin: float = 0.05,
-                 optimism: float = 0.5, clock: str = "wall"):
+                 optimism: float = 0.5, clock: str = "wall", warmup: int = 0):
         if clock not in self.CLOCKS:
             raise ValueError(f"DraftLength: clock must be one of {', '.join(self.CLOCKS)}, not {clock!r}")
         self.clock = clock
         self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
-        self.optimism = optimism
+        self.optimism, self.warmup = optimism, warmup
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
         self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
         self.measured: dict[int, int] = {}                 # forwards timed, by rows
@@ -365,14 +375,28 @@ class DraftLength:
                 self.observe(seen, seen, first)
         self.watched = []
 
+    def state(self) -> dict:
+        """What the chooser believes now: ms per forward by rows (and how many forwards of each it timed), the
+        acceptance estimate per offset checked, and its choice (a benchmark row's record of why it drafted so)."""
+        return {"ms_by_rows": {r: round(1000 * c, 1) for r, c in sorted(self.cost.items())},
+                "timed_by_rows": dict(sorted(self.measured.items())),
+                "acceptance_estimate": {f"d={d}": round(self.estimate(d), 3)
+                                        for d in range(2, self.k_max + 1) if self.offered[d]},
+                "best": list(self.best()) if 1 in self.cost else None}
+
     def timer(self) -> Callable[[], float]:
         """The clock to time this chooser's forwards by (see ``clock``)."""
         return time.thread_time if self.clock == "cpu" else time.perf_counter
 
     def record(self, rows: int, seconds: float) -> None:
-        """The measured seconds of a forward of ``rows`` rows (tokens and registers): the mean of the first
-        ``1/smoothing`` measurements, then a running average of weight ``smoothing``; one measurement moves it by
-        at most as much as twice the average would (a load spike is not a new cost)."""
+        """The measured seconds of a forward of ``rows`` rows (tokens and registers): the first ``warmup`` of
+        each row count not counted (see ``warmup``; a draft tried then is tried again), then the mean of the
+        first ``1/smoothing`` measurements, then a running average of weight ``smoothing``; one measurement moves
+        it by at most as much as twice the average would (a load spike is not a new cost)."""
         n = self.measured[rows] = self.measured.get(rows, 0) + 1
+        if n <= self.warmup:
+            self.tried -= {c for c in self.candidates[1:] if self.rows(*c) == rows}
+            return
+        n -= self.warmup
         old, w = self.cost.get(rows), max(1 / n, self.smoothing)
         self.cost[rows] = seconds if old is None else (1 - w) * old + w * min(seconds, 2 * old)
