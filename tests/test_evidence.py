@@ -504,6 +504,14 @@ def test_error_kinds_tells_order_from_copy_from_length_errors_in_both_list_forma
     t = error_kinds.tally(rows, tmp_path, results=tmp_path / "results.jsonl")["mutor"]   # no kept copy: the run dir
     assert t["kinds"] == {"right": 1, "order": 2} and dict(t["by_items"]) == {2: [1, 2], 3: [0, 1]}
     assert "| mutor | 1 | 3 | 1 | 2 | 0 | 0 | 0 | 0 | 50, 0 |" in error_kinds.table({"mutor": t})
+    results = tmp_path / "results.jsonl"                   # --seeds: only the seeds whose generations are kept
+    results.write_text("\n".join(json.dumps({**rows[0], "run": f"mutor_s{s}", "seed": s, "selected_checkpoint":
+                                                "checkpoint-1"}) for s in (0, 1)))
+    with pytest.raises(SystemExit, match="mutor_s1: neither"):
+        error_kinds.main(["g", "--results", str(results), "--runs-dir", str(tmp_path)])
+    assert error_kinds.main(["g", "--results", str(results), "--runs-dir", str(tmp_path), "--seeds", "0"]) == 0
+    with pytest.raises(SystemExit, match="with seeds \\[5\\]"):
+        error_kinds.main(["g", "--results", str(results), "--runs-dir", str(tmp_path), "--seeds", "5"])
 
 
 def test_error_kinds_with_words_tells_a_reordered_sentence_from_changed_dropped_and_added_words():

@@ -21,6 +21,7 @@ that, the run directory under ``--runs-dir``.
 
     python experiments/evidence/error_kinds.py rg-word-reversal [--runs-dir /work/runs/evidence]
     python experiments/evidence/error_kinds.py rg-sentence-reordering-3ep --words
+    python experiments/evidence/error_kinds.py rg-number-sorting-3ep --seeds 2     # the seeds still kept
 """
 
 from __future__ import annotations
@@ -114,10 +115,14 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--runs-dir", type=Path, default=HERE.parent.parent / "runs" / "evidence")
     ap.add_argument("--words", action="store_true", help="items are the answer's words (sentence reordering)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="only these seeds (e.g. those whose "
+                    "generations are still kept, for every method alike)")
     args = ap.parse_args(argv)
-    rows = [r for r in report.load(args.results) if r["group"] == args.group]
+    rows = [r for r in report.load(args.results) if r["group"] == args.group
+            and (args.seeds is None or r["seed"] in args.seeds)]
     if not rows:
-        raise SystemExit(f"{args.results}: no row of group {args.group!r}")
+        raise SystemExit(f"{args.results}: no row of group {args.group!r}"
+                         + (f" with seeds {args.seeds}" if args.seeds is not None else ""))
     print(table(tally(rows, args.runs_dir, args.words, args.results)))
     return 0
 
