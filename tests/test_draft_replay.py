@@ -288,38 +288,38 @@ def test_chooser_settings_are_typed_and_malformed_ones_refused():
         settings(["memory"])
 
 
+class _Told(DraftLength):
+    """A chooser that logs each ``(rows, seconds)`` it is told into ``log``."""
+
+    def __init__(self, k_max, log: list, **kw):
+        super().__init__(k_max, **kw)
+        self.log = log
+
+    def record(self, rows, seconds):
+        self.log.append((rows, seconds))
+        super().record(rows, seconds)
+
+
 def test_a_cpu_clock_replayed_tells_the_chooser_its_cost_without_the_load():
     """``clock="cpu"``: each forward is charged its loaded cost and the chooser told the same cost without the
     load (what a CPU-time clock that does not count waiting for a core would read, idealised)."""
     told = []
-
-    class Told(DraftLength):
-        def record(self, rows, seconds):
-            told.append((rows, seconds))
-            super().record(rows, seconds)
-
     traces = _short_answers(6)
     costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
-    wall = compare(traces, costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, load={1: [2.0]})
+    wall = compare(traces, costs, {"auto": lambda: _Told(4, told)}, prompt_seconds=0.0, load={1: [2.0]})
     assert told and all(s == pytest.approx(2 * costs.get(r, 1.3 * r / 16)) for r, s in told)
     told.clear()
-    cpu = compare(traces, costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, load={1: [2.0]}, clock="cpu")
+    cpu = compare(traces, costs, {"auto": lambda: _Told(4, told)}, prompt_seconds=0.0, load={1: [2.0]}, clock="cpu")
     assert told and all(s == pytest.approx(costs.get(r, 1.3 * r / 16)) for r, s in told)
     assert cpu["K=1"]["seconds"] == wall["K=1"]["seconds"]           # charged the load either way
 
 
 def test_a_cold_first_forward_is_charged_once_per_row_count():
     """``cold``: the first forward of each row count costs that many times its table cost (a shape's warm-up);
-    later forwards of that count, and the chooser's CPU clock after them, cost the table's."""
+    later forwards of that count cost the table's."""
     told = []
-
-    class Told(DraftLength):
-        def record(self, rows, seconds):
-            told.append((rows, seconds))
-            super().record(rows, seconds)
-
     costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
-    compare(_short_answers(6), costs, {"auto": lambda: Told(4)}, prompt_seconds=0.0, cold=3.0)
+    compare(_short_answers(6), costs, {"auto": lambda: _Told(4, told)}, prompt_seconds=0.0, cold=3.0)
     firsts = {}
     for rows, sec in told:
         firsts.setdefault(rows, []).append(sec / costs.get(rows, 1.3 * rows / 16))
