@@ -221,6 +221,15 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
     assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
 
 
+def test_report_paired_table_names_each_rows_group():
+    """Many groups compare the same methods on the same split: each row of the paired table says its group."""
+    rows = [_row("next_token", 0, [1.0] * 4, [0.0] * 4), _row("mutor", 0, [0.0] * 4, [0.0] * 4)]
+    rows += [{**r, "group": "other"} for r in rows]
+    table = report.comparison_table([c for c in report.comparisons(rows) if c["measure"] == "exact match (points)"])
+    assert table.splitlines()[0].startswith("| group | comparison |")
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| g", "| other"]
+
+
 def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_same_seed():
     """A group the plan gives a ``reference`` (rg-word-reversal-half-lr) is paired with that group's runs of the
     listed methods, seed by seed; every other group still only with its own next-token runs."""

@@ -131,14 +131,15 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
 
 
 def comparison_table(comps: list[dict]) -> str:
-    out = ["| comparison | split | measure | per seed: difference ± s.e. | mean | s.e. (pooled / seeds) | "
-           "beyond 2 s.e. |", "|---|---|---|---|---|---|---|"]
+    """One row per group, comparison, split and measure (the group first: many groups compare the same methods)."""
+    out = ["| group | comparison | split | measure | per seed: difference ± s.e. | mean | s.e. (pooled / seeds) | "
+           "beyond 2 s.e. |", "|---|---|---|---|---|---|---|---|"]
     for c in comps:
         per = "; ".join(f"s{sd}: {m:+.3f} ± {se:.3f}" for sd, m, se, _ in c["per_seed"])
         seed_se = "-" if math.isnan(c["seed_se"]) else f"{c['seed_se']:.3f}"
         verdict = "yes" if c["beyond_2se"] else ("no" if c["seeds"] >= 3 else f"no claim ({c['seeds']} seed"
                                                                             f"{'s' if c['seeds'] > 1 else ''})")
-        out.append(f"| {c['comparison']} | {c['split']} | {c['measure']} | {per} | {c['mean']:+.3f} | "
+        out.append(f"| {c['group']} | {c['comparison']} | {c['split']} | {c['measure']} | {per} | {c['mean']:+.3f} | "
                    f"{c['pooled_se']:.3f} / {seed_se} | {verdict} |")
     return "\n".join(out)
 
