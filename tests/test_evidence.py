@@ -230,6 +230,17 @@ def test_report_paired_table_names_each_rows_group():
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| g", "| other"]
 
 
+def test_report_at_a_glance_gives_both_sides_mean_the_difference_and_its_reading_on_the_primary_score():
+    rows = []
+    for seed in range(3):
+        rows += [_row("next_token", seed, [float(i % 2) for i in range(40)], [1.0] * 40),
+                 _row("mutor", seed, [1.0] * 40, [0.5] * 40)]
+    comps = report.comparisons(rows)
+    (line,) = report.summary_table(comps).splitlines()[2:]            # exact match only, not the answer loss
+    assert line == "| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 (4.6) | better than next-token beyond 2 s.e. |"
+    assert "uninformative (floor)" in report.summary_table(comps, {"g": "at the floor"})
+
+
 def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_same_seed():
     """A group the plan gives a ``reference`` (rg-word-reversal-half-lr) is paired with that group's runs of the
     listed methods, seed by seed; every other group still only with its own next-token runs."""
@@ -271,6 +282,24 @@ def test_runs_table_marks_a_training_cost_with_unrecorded_segments():
 def test_report_replaces_only_the_marked_block():
     text = f"a\n{report.BEGIN}\nold\n{report.END}\nb\n"
     assert report.replace_between(text, "new") == f"a\n{report.BEGIN}\nnew\n{report.END}\nb\n"
+
+
+def test_report_writes_the_at_a_glance_table_apart_where_the_readme_marks_a_place_for_it(tmp_path):
+    full = {"recipe": "r", "selection": "s", "selected_checkpoint": "checkpoint-4", "train_ntp_loss_last": 0.1,
+            "train_cpu_seconds": 60, "peak_rss_gb": 1.0}
+    rows = [{**_row(m, sd, [float((i + sd) % 2) for i in range(8)], [0.5] * 8), **full}
+            for sd in range(3) for m in ("next_token", "mutor")]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main_block = f"{report.BEGIN}\n{report.END}\n"
+    for apart in (True, False):
+        readme = tmp_path / "README.md"
+        readme.write_text(("x\n" + "\n".join(report.GLANCE) + "\n" if apart else "") + main_block)
+        report.main(["--results", str(tmp_path / "results.jsonl"), "--plan", str(tmp_path / "none.yaml"),
+                     "--readme", str(readme)])
+        text = readme.read_text()
+        block = text[text.index(report.BEGIN):]
+        assert text.count("At a glance") == 1 and ("At a glance" in block) is not apart
+        assert "| g | test | mutor - next_token | 3 |" in text and "**g** (r; s)" in block
 
 
 def test_an_evaluation_counts_as_done_only_with_every_test_split(tmp_path):

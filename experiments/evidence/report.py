@@ -25,6 +25,7 @@ from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
+GLANCE = ("<!-- evidence-glance:begin -->", "<!-- evidence-glance:end -->")   # optional: the summary table apart
 MEASURES = {"exact match (points)": "per_example", "answer loss (nats)": "answer_loss_per_example"}
 
 
@@ -112,12 +113,13 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
                     x, y = _per(r, split, key), _per(b, split, key)
                     if x is not None and y is not None and len(x) == len(y):
                         by[(r["group"], name, baseline, split, _measure(r, measure))].append(
-                            (r["seed"], [p - q for p, q in zip(x, y)]))
+                            (r["seed"], [p - q for p, q in zip(x, y)], sum(x) / len(x), sum(y) / len(y)))
     out = []
     for (group, name, baseline, split, measure), seeds in sorted(by.items()):
-        per_seed = [(sd, *_mean_se(d), len(d)) for sd, d in sorted(seeds)]
+        seeds = sorted(seeds)
+        per_seed = [(sd, *_mean_se(d), len(d)) for sd, d, _, _ in seeds]
         means = [m for _, m, _, _ in per_seed]
-        pooled_mean, pooled_se = _mean_se([x for _, d in seeds for x in d])
+        pooled_mean, pooled_se = _mean_se([x for _, d, _, _ in seeds for x in d])
         k = len(means)
         seed_se = _mean_se(means)[1] if k >= 3 else float("nan")
         mean = sum(means) / k
@@ -126,6 +128,7 @@ def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dic
         out.append({"group": group, "comparison": f"{name} - {baseline}", "baseline": baseline, "split": split,
                     "measure": measure,
                     "per_seed": per_seed, "mean": mean, "pooled_se": pooled_se, "seed_se": seed_se, "se": se,
+                    "scores": [(sd, x, y) for sd, _, x, y in seeds],     # per seed: the run's and the baseline's mean
                     "seeds": k, "beyond_2se": claim})
     return out
 
@@ -144,23 +147,43 @@ def comparison_table(comps: list[dict]) -> str:
     return "\n".join(out)
 
 
+def reading(c: dict) -> str:
+    """A comparison in words, by the claim rule: better, worse, no difference shown, or not yet judged."""
+    if c["seeds"] < 3:
+        return f"not yet judged ({c['seeds']} of 3 seeds)"
+    if not c["beyond_2se"]:
+        return "no difference shown (within 2 s.e.)"
+    better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
+    than = "next-token" if c["baseline"] == "next_token" else c["baseline"]
+    return ("better" if better else "worse") + f" than {than} beyond 2 s.e."
+
+
 def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
     """One line per comparison and split: better, worse or no difference shown, in words; for a group the plan
     marks ``uninformative`` (its runs learned nothing a comparison could tell apart), the reason after it."""
     lines = []
     for c in comps:
-        if c["seeds"] < 3:
-            what = f"not yet judged ({c['seeds']} of 3 seeds)"
-        elif not c["beyond_2se"]:
-            what = "no difference shown (within 2 s.e.)"
-        else:
-            better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
-            than = "next-token" if c["baseline"] == "next_token" else c["baseline"]
-            what = ("better" if better else "worse") + f" than {than} beyond 2 s.e."
         reason = (uninformative or {}).get(c["group"])
         lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {c['mean']:+.3f} "
-                     f"(s.e. {c['se']:.3f}): {what}" + (f"; **uninformative**: {reason}" if reason else ""))
+                     f"(s.e. {c['se']:.3f}): {reading(c)}" + (f"; **uninformative**: {reason}" if reason else ""))
     return "\n".join(lines)
+
+
+def summary_table(comps: list[dict], uninformative: Optional[dict] = None) -> str:
+    """At a glance: each comparison on its group's primary score (exact match, a star graph's solve rate), in
+    plan order: both sides' mean over the seeds paired, the paired difference with its s.e., and its reading
+    (an uninformative group's reading says so)."""
+    out = ["| group | split | comparison | seeds | baseline % | run % | difference (s.e.) | reading |",
+           "|---|---|---|---|---|---|---|---|"]
+    for c in comps:
+        if "loss" in c["measure"]:
+            continue
+        base = sum(y for _, _, y in c["scores"]) / len(c["scores"])
+        run = sum(x for _, x, _ in c["scores"]) / len(c["scores"])
+        what = "uninformative (floor)" if (uninformative or {}).get(c["group"]) else reading(c)
+        out.append(f"| {c['group']} | {c['split']} | {c['comparison']} | {c['seeds']} | {base:.1f} | {run:.1f} | "
+                   f"{c['mean']:+.1f} ({c['se']:.1f}) | {what} |")
+    return "\n".join(out)
 
 
 def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> None:
@@ -236,7 +259,19 @@ def curves(rows: list[dict], path: str) -> bool:
     return True
 
 
-def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None) -> str:
+def glance(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None) -> str:
+    """The at-a-glance table with its caption: every comparison on its primary score, groups in the rows' order."""
+    order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
+    comps = sorted(comparisons(rows, references), key=lambda c: order[c["group"]])   # stable within a group
+    return ("At a glance: each comparison on its group's primary score, the mean over the seeds paired (per-run "
+            "and per-seed numbers in the rows below; an uninformative group scores at its constant-answer floor; "
+            "a difference is read by the claim rule):\n\n" + summary_table(comps, uninformative))
+
+
+def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None,
+             with_glance: bool = True) -> str:
+    """The rows as markdown: the at-a-glance table (unless ``with_glance`` is off: the README holds it apart),
+    each group's runs, the paired differences and the verdict."""
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
@@ -246,6 +281,8 @@ def markdown(rows: list[dict], uninformative: Optional[dict] = None, references:
         parts.append("No paired comparison yet: no run of another method has a next-token run of the same group "
                      "and seed beside it.")
         return "\n\n".join(parts)
+    if with_glance:
+        parts.insert(0, glance(rows, uninformative, references))
     parts.append("Paired differences against next-token (same seed, same held-out examples; a diagnostic group against "
                  "the runs of its reference group named in brackets):\n\n" + comparison_table(comps))
     parts.append("Verdict, generated from the rows:\n\n" + verdict(comps, uninformative))
@@ -307,10 +344,10 @@ def references(plan: Path) -> dict:
     return out
 
 
-def replace_between(text: str, body: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"the README has no {BEGIN} ... {END} block")
-    return re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{body}\n{END}", text, flags=re.S)
+def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"the README has no {begin} ... {end} block")
+    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
 def first_hop_table(hops: list[dict]) -> str:
@@ -356,7 +393,9 @@ def main(argv=None) -> int:
         print(f"{args.results}: no rows yet")
         return 0
     marked, refs = _uninformative(args.plan), references(args.plan)
-    md = markdown(rows, marked, refs)
+    readme = Path(args.readme).read_text() if args.readme else ""
+    apart = all(m in readme for m in GLANCE)                   # the README holds the summary at its section's top
+    md = markdown(rows, marked, refs, with_glance=not apart)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
@@ -379,8 +418,9 @@ def main(argv=None) -> int:
                "training would take at the same weights; 1.0 = the same step):\n\n" + grad_share_table(shares))
     print(md)
     if args.readme:
-        p = Path(args.readme)
-        p.write_text(replace_between(p.read_text(), md))
+        if apart:
+            readme = replace_between(readme, glance(rows, marked, refs), *GLANCE)
+        Path(args.readme).write_text(replace_between(readme, md))
     if args.plot:
         # the method comparisons; a diagnostic group's (tables and verdict above) would set the scale
         plot([c for c in comparisons(rows, refs) if c["group"] not in refs], args.plot, marked)
