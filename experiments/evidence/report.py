@@ -170,9 +170,9 @@ def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
 
 
 def summary_table(comps: list[dict], uninformative: Optional[dict] = None) -> str:
-    """At a glance: each comparison on its group's primary score (exact match, a star graph's solve rate), in
-    plan order: both sides' mean over the seeds paired, the paired difference with its s.e., and its reading
-    (an uninformative group's reading says so)."""
+    """At a glance: each comparison on its group's primary score (exact match, a star graph's solve rate), in the
+    order given: both sides' mean over the seeds paired, the paired difference with its s.e., and its reading
+    (an uninformative group's reading says so); answer losses stay in the full table."""
     out = ["| group | split | comparison | seeds | baseline % | run % | difference (s.e.) | reading |",
            "|---|---|---|---|---|---|---|---|"]
     for c in comps:
