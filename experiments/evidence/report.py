@@ -259,30 +259,32 @@ def curves(rows: list[dict], path: str) -> bool:
     return True
 
 
-def glance(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None) -> str:
-    """The at-a-glance table with its caption: every comparison on its primary score, groups in the rows' order."""
+def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = None) -> str:
+    """The at-a-glance table with its caption: every comparison of ``comps`` (:func:`comparisons` of ``rows``) on
+    its primary score, groups in the rows' order."""
     order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
-    comps = sorted(comparisons(rows, references), key=lambda c: order[c["group"]])   # stable within a group
+    comps = sorted(comps, key=lambda c: order[c["group"]])                      # stable within a group
     return ("At a glance: each comparison on its group's primary score, the mean over the seeds paired (per-run "
             "and per-seed numbers in the rows below; an uninformative group scores at its constant-answer floor; "
             "a difference is read by the claim rule):\n\n" + summary_table(comps, uninformative))
 
 
 def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None,
-             with_glance: bool = True) -> str:
+             with_glance: bool = True, comps: Optional[list[dict]] = None) -> str:
     """The rows as markdown: the at-a-glance table (unless ``with_glance`` is off: the README holds it apart),
-    each group's runs, the paired differences and the verdict."""
+    each group's runs, the paired differences and the verdict; ``comps``: :func:`comparisons` of the rows, when
+    the caller has them already."""
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
         parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g)}")
-    comps = comparisons(rows, references)
+    comps = comparisons(rows, references) if comps is None else comps
     if not comps:
         parts.append("No paired comparison yet: no run of another method has a next-token run of the same group "
                      "and seed beside it.")
         return "\n\n".join(parts)
     if with_glance:
-        parts.insert(0, glance(rows, uninformative, references))
+        parts.insert(0, glance(rows, comps, uninformative))
     parts.append("Paired differences against next-token (same seed, same held-out examples; a diagnostic group against "
                  "the runs of its reference group named in brackets):\n\n" + comparison_table(comps))
     parts.append("Verdict, generated from the rows:\n\n" + verdict(comps, uninformative))
@@ -395,7 +397,8 @@ def main(argv=None) -> int:
     marked, refs = _uninformative(args.plan), references(args.plan)
     readme = Path(args.readme).read_text() if args.readme else ""
     apart = all(m in readme for m in GLANCE)                   # the README holds the summary at its section's top
-    md = markdown(rows, marked, refs, with_glance=not apart)
+    comps = comparisons(rows, refs)                            # the tables, the glance and the plot share them
+    md = markdown(rows, marked, refs, with_glance=not apart, comps=comps)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
@@ -419,11 +422,11 @@ def main(argv=None) -> int:
     print(md)
     if args.readme:
         if apart:
-            readme = replace_between(readme, glance(rows, marked, refs), *GLANCE)
+            readme = replace_between(readme, glance(rows, comps, marked), *GLANCE)
         Path(args.readme).write_text(replace_between(readme, md))
     if args.plot:
         # the method comparisons; a diagnostic group's (tables and verdict above) would set the scale
-        plot([c for c in comparisons(rows, refs) if c["group"] not in refs], args.plot, marked)
+        plot([c for c in comps if c["group"] not in refs], args.plot, marked)
     if args.curves and not curves(rows, args.curves):
         print(f"no run with evaluations during training yet: {args.curves} not written")
     return 0
