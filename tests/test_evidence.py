@@ -284,22 +284,46 @@ def test_report_replaces_only_the_marked_block():
     assert report.replace_between(text, "new") == f"a\n{report.BEGIN}\nnew\n{report.END}\nb\n"
 
 
-def test_report_writes_the_at_a_glance_table_apart_where_the_readme_marks_a_place_for_it(tmp_path):
+def _report_rows(tmp_path):
     full = {"recipe": "r", "selection": "s", "selected_checkpoint": "checkpoint-4", "train_ntp_loss_last": 0.1,
             "train_cpu_seconds": 60, "peak_rss_gb": 1.0}
     rows = [{**_row(m, sd, [float((i + sd) % 2) for i in range(8)], [0.5] * 8), **full}
             for sd in range(3) for m in ("next_token", "mutor")]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["--results", str(tmp_path / "results.jsonl"), "--plan", str(tmp_path / "none.yaml")]
+
+
+def test_report_writes_the_at_a_glance_table_apart_where_the_readme_marks_a_place_for_it(tmp_path):
+    args = _report_rows(tmp_path)
     main_block = f"{report.BEGIN}\n{report.END}\n"
     for apart in (True, False):
         readme = tmp_path / "README.md"
         readme.write_text(("x\n" + "\n".join(report.GLANCE) + "\n" if apart else "") + main_block)
-        report.main(["--results", str(tmp_path / "results.jsonl"), "--plan", str(tmp_path / "none.yaml"),
-                     "--readme", str(readme)])
+        report.main([*args, "--readme", str(readme)])
         text = readme.read_text()
         block = text[text.index(report.BEGIN):]
         assert text.count("At a glance") == 1 and ("At a glance" in block) is not apart
         assert "| g | test | mutor - next_token | 3 |" in text and "**g** (r; s)" in block
+
+
+def test_report_writes_the_glance_to_the_readme_and_the_rows_to_a_second_file(tmp_path):
+    args = _report_rows(tmp_path)
+    readme, details = tmp_path / "README.md", tmp_path / "evidence.md"
+    readme.write_text("top\n" + "\n".join(report.GLANCE) + "\nbottom\n")
+    details.write_text(f"# rows\n{report.BEGIN}\n{report.END}\n")
+    report.main([*args, "--readme", str(readme), str(details)])
+    top, rows = readme.read_text(), details.read_text()
+    assert "At a glance" in top and "**g** (r; s)" not in top and top.endswith("bottom\n")
+    assert "**g** (r; s)" in rows and "At a glance" not in rows and "Verdict" in rows
+
+
+def test_report_refuses_files_none_of_which_has_the_rows_block(tmp_path):
+    args = _report_rows(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("\n".join(report.GLANCE) + "\n")
+    with pytest.raises(SystemExit, match="evidence:begin"):
+        report.main([*args, "--readme", str(readme)])
+    assert readme.read_text() == "\n".join(report.GLANCE) + "\n"          # nothing half-written
 
 
 def test_an_evaluation_counts_as_done_only_with_every_test_split(tmp_path):

@@ -9,8 +9,12 @@ pooled per-example one. A difference is claimed only when it lies beyond two of 
 fewer than three seeds never support a claim. Exact match is in points (percent), answer loss in nats.
 
     python experiments/evidence/report.py                       # print the tables and the verdict
-    python experiments/evidence/report.py --readme README.md --plot experiments/evidence/evidence.png \
-        --curves experiments/evidence/curves.png
+    python experiments/evidence/report.py --readme README.md docs/evidence.md \
+        --plot experiments/evidence/evidence.png --curves experiments/evidence/curves.png
+
+``--readme`` names the files that hold the generated blocks: each block is written where its markers are (the
+at-a-glance table between the ``GLANCE`` markers, the rows, paired differences and verdict between ``BEGIN`` and
+``END``), so the README can hold the summary and a page under docs/ the rows.
 """
 
 from __future__ import annotations
@@ -195,9 +199,10 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
     import matplotlib.pyplot as plt
 
     measures = sorted({c["measure"] for c in comps}, key=lambda m: ("loss" in m, m))   # the scores, then losses
-    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 0.6 * max(4, len(comps) // 2) + 1.5),
-                             squeeze=False)
-    for ax, measure in zip(axes[0], measures):
+    counts = [sum(c["measure"] == m for c in comps) for m in measures]
+    fig, axes = plt.subplots(len(measures), 1, figsize=(10, 0.28 * sum(counts) + 1.1 * len(measures)), squeeze=False,
+                             gridspec_kw={"height_ratios": [n + 2 for n in counts]})   # one panel a measure, stacked
+    for ax, measure in zip(axes[:, 0], measures):
         cs = [c for c in comps if c["measure"] == measure]
         labels = [f"{c['group']}: {c['comparison']} [{c['split']}]"
                   + (" (uninformative)" if c["group"] in (uninformative or {}) else "") for c in cs]
@@ -208,6 +213,7 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
         ax.axvline(0, color="k", lw=0.6)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(labels, fontsize=7)
+        ax.invert_yaxis()                                                          # read top-down
         ax.set_xlabel(f"difference in {measure}\n(o: mean ± 2 s.e., x: seeds)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -265,7 +271,7 @@ def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = 
     order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
     comps = sorted(comps, key=lambda c: order[c["group"]])                      # stable within a group
     return ("At a glance: each comparison on its group's primary score, the mean over the seeds paired (per-run "
-            "and per-seed numbers in the rows below; an uninformative group scores at its constant-answer floor; "
+            "and per-seed numbers with every row; an uninformative group scores at its constant-answer floor; "
             "a difference is read by the claim rule):\n\n" + summary_table(comps, uninformative))
 
 
@@ -386,7 +392,10 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
                     help="its `uninformative` groups are marked, and its groups' `reference` followed")
-    ap.add_argument("--readme", default=None, help=f"replace the {BEGIN} block of this file")
+    ap.add_argument("--readme", nargs="+", default=[], metavar="FILE",
+                    help=f"write the generated blocks where these files mark them: the rows between {BEGIN} and "
+                         f"{END} (one file must have them), the at-a-glance table between {GLANCE[0]} and "
+                         f"{GLANCE[1]} (if no file has those, it opens the rows' block)")
     ap.add_argument("--plot", default=None, help="paired differences of the method comparisons (PNG)")
     ap.add_argument("--curves", default=None, help="evaluations during training, star-graph groups (PNG)")
     args = ap.parse_args(argv)
@@ -395,8 +404,10 @@ def main(argv=None) -> int:
         print(f"{args.results}: no rows yet")
         return 0
     marked, refs = _uninformative(args.plan), references(args.plan)
-    readme = Path(args.readme).read_text() if args.readme else ""
-    apart = all(m in readme for m in GLANCE)                   # the README holds the summary at its section's top
+    texts = {Path(f): Path(f).read_text() for f in args.readme}
+    if texts and not any(BEGIN in t and END in t for t in texts.values()):
+        raise SystemExit(f"none of {', '.join(map(str, texts))} has a {BEGIN} ... {END} block")
+    apart = any(all(m in t for m in GLANCE) for t in texts.values())   # the summary has a place of its own
     comps = comparisons(rows, refs)                            # the tables, the glance and the plot share them
     md = markdown(rows, marked, refs, with_glance=not apart, comps=comps)
     # a run measured again (newer drafting code) is reported by its latest row
@@ -420,10 +431,14 @@ def main(argv=None) -> int:
                "checkpoint, and the next-token part of an Adam step normalised by both, against the step next-token "
                "training would take at the same weights; 1.0 = the same step):\n\n" + grad_share_table(shares))
     print(md)
-    if args.readme:
-        if apart:
-            readme = replace_between(readme, glance(rows, comps, marked), *GLANCE)
-        Path(args.readme).write_text(replace_between(readme, md))
+    for path, text in texts.items():                           # each block where its markers are
+        new = text
+        if all(m in text for m in GLANCE):
+            new = replace_between(new, glance(rows, comps, marked), *GLANCE)
+        if BEGIN in text and END in text:
+            new = replace_between(new, md)
+        if new != text:
+            path.write_text(new)
     if args.plot:
         # the method comparisons; a diagnostic group's (tables and verdict above) would set the scale
         plot([c for c in comps if c["group"] not in refs], args.plot, marked)
