@@ -239,6 +239,8 @@ def test_report_at_a_glance_gives_both_sides_mean_the_difference_and_its_reading
     (line,) = report.summary_table(comps).splitlines()[2:]            # exact match only, not the answer loss
     assert line == "| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 (4.6) | better than next-token beyond 2 s.e. |"
     assert "uninformative (floor)" in report.summary_table(comps, {"g": "at the floor"})
+    one = report.comparisons(rows[:2])                                 # seed 0 alone: no claim, whatever the gap
+    assert report.summary_table(one).splitlines()[2].endswith("| no claim (1 seed; a claim needs 3) |")
 
 
 def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_same_seed():

@@ -152,9 +152,10 @@ def comparison_table(comps: list[dict]) -> str:
 
 
 def reading(c: dict) -> str:
-    """A comparison in words, by the claim rule: better, worse, no difference shown, or not yet judged."""
+    """A comparison in words, by the claim rule: better, worse, no difference shown, or no claim (fewer than three
+    seeds: more may be declared and running, or the plan asks for one, as for Multi-Token on math)."""
     if c["seeds"] < 3:
-        return f"not yet judged ({c['seeds']} of 3 seeds)"
+        return f"no claim ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''}; a claim needs 3)"
     if not c["beyond_2se"]:
         return "no difference shown (within 2 s.e.)"
     better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
