@@ -353,8 +353,13 @@ def references(plan: Path) -> dict:
     return out
 
 
+def marks(text: str, begin: str = BEGIN, end: str = END) -> bool:
+    """Whether ``text`` holds both markers of a generated block."""
+    return begin in text and end in text
+
+
 def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) -> str:
-    if begin not in text or end not in text:
+    if not marks(text, begin, end):
         raise SystemExit(f"the README has no {begin} ... {end} block")
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
@@ -406,9 +411,9 @@ def main(argv=None) -> int:
         return 0
     marked, refs = _uninformative(args.plan), references(args.plan)
     texts = {Path(f): Path(f).read_text() for f in args.readme}
-    if texts and not any(BEGIN in t and END in t for t in texts.values()):
+    if texts and not any(marks(t) for t in texts.values()):
         raise SystemExit(f"none of {', '.join(map(str, texts))} has a {BEGIN} ... {END} block")
-    apart = any(all(m in t for m in GLANCE) for t in texts.values())   # the summary has a place of its own
+    apart = any(marks(t, *GLANCE) for t in texts.values())     # the summary has a place of its own
     comps = comparisons(rows, refs)                            # the tables, the glance and the plot share them
     md = markdown(rows, marked, refs, with_glance=not apart, comps=comps)
     # a run measured again (newer drafting code) is reported by its latest row
@@ -434,9 +439,9 @@ def main(argv=None) -> int:
     print(md)
     for path, text in texts.items():                           # each block where its markers are
         new = text
-        if all(m in text for m in GLANCE):
+        if marks(text, *GLANCE):
             new = replace_between(new, glance(rows, comps, marked), *GLANCE)
-        if BEGIN in text and END in text:
+        if marks(text):
             new = replace_between(new, md)
         if new != text:
             path.write_text(new)
