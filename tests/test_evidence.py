@@ -262,6 +262,24 @@ def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_sa
     assert shipped["rg-word-reversal-half-lr"] == {"group": "rg-word-reversal", "methods": ["next_token", "mutor"]}
 
 
+def test_a_group_also_against_a_tag_compares_its_other_methods_with_that_tagged_run_of_the_same_seed():
+    """The compute check (gsm-smollm2-lora): MuToR seed 0 against next-token of twice the epochs, besides the
+    usual pairs; the tagged run itself is still compared with untagged next-token, and not the other way round."""
+    long_nt = {**_row("next_token", 0, [1.0] * 40, [0.5] * 40), "run": "next_token_s0_2x-epochs", "tag": "2x-epochs"}
+    rows = [_row("next_token", 0, [0.0] * 40, [1.0] * 40), _row("mutor", 0, [float(i % 2) for i in range(40)],
+                                                                    [0.8] * 40), long_nt,
+            _row("next_token", 1, [0.0] * 40, [1.0] * 40), _row("mutor", 1, [0.0] * 40, [1.0] * 40)]
+    em = {(c["comparison"], c["seeds"]): c for c in report.comparisons(rows, also={"g": ["2x-epochs"]})
+          if c["measure"] == "exact match (points)"}
+    assert set(em) == {("mutor - next_token", 2), ("next_token (2x-epochs) - next_token", 1),
+                       ("mutor - next_token (2x-epochs)", 1)}
+    assert em[("mutor - next_token (2x-epochs)", 1)]["mean"] == pytest.approx(-50.0)
+    assert report.reading(em[("mutor - next_token (2x-epochs)", 1)]) == "no claim (1 seed; a claim needs 3)"
+    assert {c["comparison"] for c in report.comparisons(rows)} == {"mutor - next_token",
+                                                                   "next_token (2x-epochs) - next_token"}
+    assert report.also_against(driver.HERE / "plan.yaml") == {"gsm-smollm2-lora": ["2x-epochs"]}
+
+
 def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40) for s in range(3) for m in ("next_token", "mutor")]
     comps = report.comparisons(rows)

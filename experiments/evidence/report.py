@@ -97,21 +97,27 @@ def _per(r: dict, split: str, key: str):
     return per
 
 
-def comparisons(rows: list[dict], references: Optional[dict] = None) -> list[dict]:
+def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optional[dict] = None) -> list[dict]:
     """Each run against next-token of the same group and seed; per seed, then pooled over seeds. A diagnostic
     group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``, :func:`references`)
-    is compared with that group's untagged runs of those methods instead, same seed and held-out items."""
+    is compared with that group's untagged runs of those methods instead, same seed and held-out items. A group
+    with ``also_against`` (``{group: [tag, ...]}``, :func:`also_against`) compares each of its untagged runs
+    with its tagged runs of those tags and the same seed too (the compute check: MuToR against next-token trained
+    for as many tokens), unless they are of the same method."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
+    tagged = {(r["group"], r["tag"], r["seed"]): r for r in rows if r["tag"]}
     by = defaultdict(list)                         # (group, run label, baseline, split, measure) -> [(seed, diffs)]
     for r in rows:
         ref = (references or {}).get(r["group"])
         targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
+        pairs = [(base.get((g, m, r["seed"])), m if g == r["group"] else f"{m} [{g}]") for g, m in targets]
+        if not r["tag"]:
+            extra = [tagged.get((r["group"], t, r["seed"])) for t in (also or {}).get(r["group"], [])]
+            pairs += [(b, label(b)) for b in extra if b is not None and b["method"] != r["method"]]
         name = label(r)
-        for ref_group, method in targets:
-            b = base.get((ref_group, method, r["seed"]))
+        for b, baseline in pairs:
             if b is None or b is r:
                 continue
-            baseline = method if ref_group == r["group"] else f"{method} [{ref_group}]"
             for split in r["splits"]:
                 for measure, key in MEASURES.items():
                     x, y = _per(r, split, key), _per(b, split, key)
@@ -353,6 +359,12 @@ def references(plan: Path) -> dict:
     return out
 
 
+def also_against(plan: Path) -> dict:
+    """Groups whose untagged runs are also compared with some of their tagged runs: a group's ``also_against``
+    (a list of tags)."""
+    return {g["name"]: list(g["also_against"]) for g in _plan(plan).get("groups", []) if g.get("also_against")}
+
+
 def marks(text: str, begin: str = BEGIN, end: str = END) -> bool:
     """Whether ``text`` holds both markers of a generated block."""
     return begin in text and end in text
@@ -414,7 +426,7 @@ def main(argv=None) -> int:
     if texts and not any(marks(t) for t in texts.values()):
         raise SystemExit(f"none of {', '.join(map(str, texts))} has a {BEGIN} ... {END} block")
     apart = any(marks(t, *GLANCE) for t in texts.values())     # the summary has a place of its own
-    comps = comparisons(rows, refs)                            # the tables, the glance and the plot share them
+    comps = comparisons(rows, refs, also_against(args.plan))  # the tables, the glance and the plot share them
     md = markdown(rows, marked, refs, with_glance=not apart, comps=comps)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
