@@ -2,8 +2,9 @@
 
 Every comparison is paired: a run against next-token of the same group and seed (the same initialisation,
 data and batch order), per example of the same held-out items; a diagnostic group that the plan gives a
-``reference`` against that group's runs of the methods it names, instead. For each seed, the mean per-example
-difference and its standard error; over seeds, the mean of the per-seed differences with two standard
+``reference`` against that group's runs of the methods it names, instead; a group's ``also_against`` tags add
+its tagged runs of those tags as baselines for its other methods (the compute check). For each seed, the mean
+per-example difference and its standard error; over seeds, the mean of the per-seed differences with two standard
 errors: the seed-to-seed spread (s.d. of the per-seed means / sqrt(seeds), from 3 seeds on) and the
 pooled per-example one. A difference is claimed only when it lies beyond two of the larger of the two;
 fewer than three seeds never support a claim. Exact match is in points (percent), answer loss in nats.
@@ -409,7 +410,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
-                    help="its `uninformative` groups are marked, and its groups' `reference` followed")
+                    help="its `uninformative` groups are marked, its groups' `reference` and `also_against` followed")
     ap.add_argument("--readme", nargs="+", default=[], metavar="FILE",
                     help=f"write the generated blocks where these files mark them: the rows between {BEGIN} and "
                          f"{END} (one file must have them), the at-a-glance table between {GLANCE[0]} and "
