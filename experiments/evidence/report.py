@@ -106,15 +106,18 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
     with its tagged runs of those tags and the same seed too (the compute check: MuToR against next-token trained
     for as many tokens), unless they are of the same method."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
-    tagged = {(r["group"], r["tag"], r["seed"]): r for r in rows if r["tag"]}
+    tagged = defaultdict(list)                     # (group, tag, seed) -> runs: a tag may name runs of several methods
+    for r in rows:
+        if r["tag"]:
+            tagged[(r["group"], r["tag"], r["seed"])].append(r)
     by = defaultdict(list)                         # (group, run label, baseline, split, measure) -> [(seed, diffs)]
     for r in rows:
         ref = (references or {}).get(r["group"])
         targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
         pairs = [(base.get((g, m, r["seed"])), m if g == r["group"] else f"{m} [{g}]") for g, m in targets]
         if not r["tag"]:
-            extra = [tagged.get((r["group"], t, r["seed"])) for t in (also or {}).get(r["group"], [])]
-            pairs += [(b, label(b)) for b in extra if b is not None and b["method"] != r["method"]]
+            extra = [b for t in (also or {}).get(r["group"], []) for b in tagged[(r["group"], t, r["seed"])]]
+            pairs += [(b, label(b)) for b in extra if b["method"] != r["method"]]
         name = label(r)
         for b, baseline in pairs:
             if b is None or b is r:
