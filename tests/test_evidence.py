@@ -280,6 +280,23 @@ def test_a_group_also_against_a_tag_compares_its_other_methods_with_that_tagged_
     assert report.also_against(driver.HERE / "plan.yaml") == {"gsm-smollm2-lora": ["2x-epochs"]}
 
 
+def test_a_tagged_run_is_also_compared_with_next_token_of_the_same_tag_and_seed():
+    """MuToR for 6 epochs (seed 0) against next-token for 6 epochs, the same budget, besides untagged next-token;
+    a tagged run with no next-token of its tag (a0.1) keeps only its usual pairs."""
+    tag = lambda r, t: {**r, "run": f"{r['run']}_{t}", "tag": t}
+    rows = [_row("next_token", 0, [0.0] * 40, [1.0] * 40), _row("mutor", 0, [0.0] * 40, [1.0] * 40),
+            tag(_row("next_token", 0, [1.0] * 40, [0.5] * 40), "2x-epochs"),
+            tag(_row("mutor", 0, [float(i % 2) for i in range(40)], [0.6] * 40), "2x-epochs"),
+            tag(_row("mutor", 0, [1.0] * 40, [0.6] * 40), "a0.1")]
+    em = {c["comparison"]: c for c in report.comparisons(rows, also={"g": ["2x-epochs"]})
+          if c["measure"] == "exact match (points)"}
+    assert set(em) == {"mutor - next_token", "next_token (2x-epochs) - next_token", "mutor - next_token (2x-epochs)",
+                       "mutor (2x-epochs) - next_token", "mutor (2x-epochs) - next_token (2x-epochs)",
+                       "mutor (a0.1) - next_token"}
+    assert em["mutor (2x-epochs) - next_token (2x-epochs)"]["mean"] == pytest.approx(-50.0)
+    assert em["mutor (2x-epochs) - next_token"]["mean"] == pytest.approx(50.0)
+
+
 def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40) for s in range(3) for m in ("next_token", "mutor")]
     comps = report.comparisons(rows)

@@ -3,7 +3,8 @@
 Every comparison is paired: a run against next-token of the same group and seed (the same initialisation,
 data and batch order), per example of the same held-out items; a diagnostic group that the plan gives a
 ``reference`` against that group's runs of the methods it names, instead; a group's ``also_against`` tags add
-its tagged runs of those tags as baselines for its other methods (the compute check). For each seed, the mean
+its tagged next-token runs of those tags as baselines for its other methods (the compute check), and a tagged
+run is also paired with next-token of its own tag where there is one (the same budget). For each seed, the mean
 per-example difference and its standard error; over seeds, the mean of the per-seed differences with two standard
 errors: the seed-to-seed spread (s.d. of the per-seed means / sqrt(seeds), from 3 seeds on) and the
 pooled per-example one. A difference is claimed only when it lies beyond two of the larger of the two;
@@ -103,8 +104,9 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
     group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``, :func:`references`)
     is compared with that group's untagged runs of those methods instead, same seed and held-out items. A group
     with ``also_against`` (``{group: [tag, ...]}``, :func:`also_against`) compares each of its untagged runs
-    with its tagged runs of those tags and the same seed too (the compute check: MuToR against next-token trained
-    for as many tokens), unless they are of the same method."""
+    but next-token's with its tagged next-token runs of those tags and the same seed too (the compute check: MuToR
+    against next-token trained for as many tokens). A tagged run is compared with next-token of the same
+    tag and seed too, where there is one (MuToR trained for 6 epochs against next-token trained for 6)."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
     tagged = defaultdict(list)                     # (group, tag, seed) -> runs: a tag may name runs of several methods
     for r in rows:
@@ -117,7 +119,10 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
         pairs = [(base.get((g, m, r["seed"])), m if g == r["group"] else f"{m} [{g}]") for g, m in targets]
         if not r["tag"]:
             extra = [b for t in (also or {}).get(r["group"], []) for b in tagged[(r["group"], t, r["seed"])]]
-            pairs += [(b, label(b)) for b in extra if b["method"] != r["method"]]
+            pairs += [(b, label(b)) for b in extra if b["method"] == "next_token" != r["method"]]
+        else:                                      # and next-token of the same tag: the same budget
+            pairs += [(b, label(b)) for b in tagged[(r["group"], r["tag"], r["seed"])]
+                      if b["method"] == "next_token" != r["method"]]
         name = label(r)
         for b, baseline in pairs:
             if b is None or b is r:
