@@ -117,12 +117,9 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
         ref = (references or {}).get(r["group"])
         targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
         pairs = [(base.get((g, m, r["seed"])), m if g == r["group"] else f"{m} [{g}]") for g, m in targets]
-        if not r["tag"]:
-            extra = [b for t in (also or {}).get(r["group"], []) for b in tagged[(r["group"], t, r["seed"])]]
-            pairs += [(b, label(b)) for b in extra if b["method"] == "next_token" != r["method"]]
-        else:                                      # and next-token of the same tag: the same budget
-            pairs += [(b, label(b)) for b in tagged[(r["group"], r["tag"], r["seed"])]
-                      if b["method"] == "next_token" != r["method"]]
+        tags = [r["tag"]] if r["tag"] else (also or {}).get(r["group"], [])   # own tag: next-token of the same budget
+        pairs += [(b, label(b)) for t in tags for b in tagged[(r["group"], t, r["seed"])]
+                  if b["method"] == "next_token" != r["method"]]
         name = label(r)
         for b, baseline in pairs:
             if b is None or b is r:
