@@ -146,6 +146,33 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert report.load(tmp_path / "results.jsonl")[-1]["train_processes"] == 2
 
 
+def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_row_then_measures_drafting(tmp_path):
+    """A new machine has the rows but not the checkpoints: ``--redraft`` skips such a run, ``--redraft --retrain``
+    trains it again from its plan entry (no second results row), finds the same final training loss as the row's
+    (same seed, data order and threads), and writes a drafting row that says so, with how busy the machine was."""
+    import shutil
+
+    plan = _plan(tmp_path, 2)
+    first = _driver(plan, "--only", "mutor_s0")
+    assert first.returncode == 0, first.stdout + first.stderr
+    shutil.rmtree(tmp_path / "runs" / "tiny" / "mutor_s0")                  # the checkpoints are gone
+    skipped = _driver(plan, "--redraft")
+    assert "is not on disk: not measured again" in skipped.stdout and "training" not in skipped.stdout
+    assert _driver(plan, "--retrain").returncode == 2                        # only with --redraft
+    again = _driver(plan, "--redraft", "--retrain")
+    assert again.returncode == 0, again.stdout + again.stderr
+    row = report.load(tmp_path / "results.jsonl")[0]
+    assert f"mutor_s0: trained again: final next-token loss {row['train_ntp_loss_last']} against the row's" in again.stdout
+    assert "NOT reproduced" not in again.stdout and "next_token_s0" not in again.stdout
+    assert len(report.load(tmp_path / "results.jsonl")) == 1                 # no second results row
+    drafts = report.load(tmp_path / "drafting.jsonl")
+    assert len(drafts) == 2 and "retrained" not in drafts[0]
+    assert drafts[1]["retrained"] == {"train_ntp_loss_last": row["train_ntp_loss_last"],
+                                      "row_train_ntp_loss_last": row["train_ntp_loss_last"], "reproduced": True}
+    assert drafts[1]["machine"]["cpus"] >= 1 and drafts[1]["machine"]["others_cpu_cores"] >= 0
+    assert "| tiny | mutor_s0 (trained again) | 2 |" in report.drafting_table(drafts[1:])
+
+
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
     """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
     example by example), the training's evaluations as the curve, the MuToR run's registers as drafters on

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     decoders = {"greedy": greedy, **{f"K={k}": drafter(k) for k in ks}}
     outs = {name: [] for name in decoders}
     secs = dict.fromkeys(decoders, 0.0)
+    machine = _Machine()
     with torch.no_grad():
         for fn in decoders.values():
             fn(prompts[0])                                                  # warm-up, not counted
@@ -81,7 +83,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     g_sec = secs["greedy"]
     result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "split": split, "prompts": len(prompts),
               "max_new_tokens": n_new, "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode,
-              "d_max": d_max, "timing": "interleaved per prompt",
+              "d_max": d_max, "timing": "interleaved per prompt", "machine": machine.read(),
               "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
               "drafting": {}}
     for k in ks:
@@ -97,6 +99,40 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
                                     "identical_to_greedy": differ == 0,
                                     "prompts_differing_from_greedy": differ}
     return result
+
+
+class _Machine:
+    """How busy the machine was while the decoders ran, besides this process: a drafting row measured beside
+    training runs reads differently from one on a quiet machine (docs/drafting.md). ``others_cpu_cores``: the CPU
+    time every other process used (Linux ``/proc/stat``), per second of the measurement; ``load_average``: the
+    1-minute load average (this process counts 1) at the start and the end."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.own0, self.load0 = time.perf_counter(), _busy_seconds(), time.process_time(), _load()
+
+    def read(self) -> dict:
+        wall, busy = time.perf_counter() - self.t0, _busy_seconds()
+        others = None if busy is None or self.busy0 is None else \
+            max(0.0, (busy - self.busy0) - (time.process_time() - self.own0)) / max(wall, 1e-9)
+        return {"cpus": os.cpu_count(), "others_cpu_cores": None if others is None else round(others, 2),
+                "load_average": [self.load0, _load()]}
+
+
+def _busy_seconds():
+    """Seconds of CPU time every core has spent busy since boot (None where ``/proc/stat`` is not readable)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)                     # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")                   # guest time is inside user's
+
+
+def _load():
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):

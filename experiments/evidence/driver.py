@@ -19,7 +19,9 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
 6. For a MuToR run, when the plan has a ``drafting`` block: its registers as drafters on the selected
    checkpoint (``drafting.py``: acceptance per offset, tokens/s against greedy decoding at batch size 1),
    one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
-   row does not is taken up again for this stage alone while its checkpoints are on disk.
+   row does not is taken up again for this stage alone while its checkpoints are on disk. ``--redraft`` measures
+   the finished runs again (new drafting code, a quiet machine); ``--redraft --retrain`` first trains again those
+   whose checkpoints are gone, and checks that the training reproduced the row's (its final training loss).
 7. For a MuToR run of a star-graph group (``eval: {task: run}``), when the plan has a ``first_hop`` block: the
    registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
    row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
@@ -155,6 +157,15 @@ def _evaluated(out: Path, task: str) -> bool:
     if not f.is_file():
         return False
     return set(get_benchmark(task).test_splits[1:]) <= set(json.loads(f.read_text()).get("other_splits", {}))
+
+
+def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
+    """The mean next-token training loss over the last fifth of an epoch (a row's ``train_ntp_loss_last``): also
+    the check that a run trained again (``--redraft --retrain``) reproduced the one its row describes."""
+    step, span = summary["global_step"], max(1, run.group["steps_per_epoch"] // 5)
+    last = [h.get("ntp_loss", h.get("loss")) for h in summary["train_history"]
+            if ("ntp_loss" in h or "loss" in h) and h["step"] > step - span]
+    return round(sum(last) / len(last), 4) if last else None
 
 
 # ----------------------------------------------------------------------------- stages
@@ -293,15 +304,13 @@ class Driver:
             splits[split] = {"n": summ["n"], "metrics": summ["metrics"], "per_example": per,
                              "answer_loss": loss.get("answer_loss"), "answer_loss_se": loss.get("se"),
                              "answer_loss_per_example": loss.get("per_example"), "answer_tokens": loss.get("tokens")}
-        hist = [h for h in s["train_history"] if "ntp_loss" in h or "loss" in h]
-        last = [h.get("ntp_loss", h.get("loss")) for h in hist if h["step"] > s["global_step"] - max(1, run.group["steps_per_epoch"] // 5)]
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed,
                 "epochs": run.epochs, "tag": run.tag, "steps": s["global_step"], "recipe": run.group["recipe"],
                 "overrides": run.group.get("overrides", []) + run.overrides, "task": ev["task"],
                 "selected_checkpoint": ev["selected_checkpoint"], "selection": ev["selection"],
                 "per_checkpoint": ev["per_checkpoint"], "primary": ev["primary"], "splits": splits,
-                "train_ntp_loss_last": round(sum(last) / len(last), 4) if last else None,
+                "train_ntp_loss_last": train_ntp_loss_last(s, run),
                 "train_cpu_seconds": round(sum(p["cpu_seconds"] for p in procs), 1),
                 "train_wall_seconds": round(sum(p["wall_seconds"] for p in procs), 1),
                 "train_processes": len(procs), "peak_rss_gb": max(p["peak_rss_gb"] for p in procs),
@@ -414,22 +423,56 @@ class Driver:
 
     def redraft(self, runs: list[Run]) -> int:
         """Drafting rows again, measured with this checkout's code, for the finished MuToR runs whose selected
-        checkpoint is still on disk (after a change to the drafting code; the report keeps a run's latest row)."""
+        checkpoint is still on disk (after a change to the drafting code, or to measure on a quiet machine; the
+        report keeps a run's latest row). With ``--retrain``, a run whose checkpoint is gone (a new machine) is
+        first trained again from its plan entry: :meth:`retrain`."""
+        signal.signal(signal.SIGTERM, self.stop)         # a run trained again is stopped with the driver
+        signal.signal(signal.SIGINT, self.stop)
         rows = {(r["group"], r["run"]): r for r in load(self.results)}
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         for run in runs:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
-            if run.method != "mutor" or row is None or not self.plan.get("drafting"):
+            if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
                 continue
-            ck = row["selected_checkpoint"]
+            ck, again = row["selected_checkpoint"], None
             if not (d if ck == "final" else d / ck).is_dir():
-                self.log(run, f"{ck} is not on disk: not measured again")
-                continue
+                if not self.args.retrain:
+                    self.log(run, f"{ck} is not on disk: not measured again (--retrain trains it again)")
+                    continue
+                again = self.retrain(run, d, row)
+                if again is None:
+                    continue
             out = self.drafting(run, d, {"selected_checkpoint": ck}, d / f"drafting-{commit}.json")
             if not self.stopping:
-                self.append(out, self.drafting_results)
+                self.append({**out, **({"retrained": again} if again else {})}, self.drafting_results)
                 self.log(run, f"drafting row written (code {commit})")
         return 0
+
+    def retrain(self, run: Run, d: Path, row: dict) -> Optional[dict]:
+        """Train a finished run again, as its plan entry says, when its checkpoints are gone (``--redraft
+        --retrain``); no results row is written. The same seed, data order and thread count on the same kind of
+        CPU give the same weights: whether they did is read from the next-token training loss at the end, which
+        must equal the row's (``train_ntp_loss_last``, 4 decimals). Returns what the drafting row records of it
+        (``reproduced`` False: the weights differ from the row's run, and the row says so), or None when the run is
+        claimed by another driver or training failed."""
+        lock = d.parent / f"{run.name}.lock"
+        d.parent.mkdir(parents=True, exist_ok=True)
+        if not claim(lock):
+            self.log(run, "claimed by another driver; not trained again")
+            return None
+        try:
+            self.train(run, d)
+            self.prune(run, d)
+        except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
+            self.log(run, f"FAILED: {err}")
+            return None
+        finally:
+            lock.unlink(missing_ok=True)
+        loss = train_ntp_loss_last(json.loads((d / "summary.json").read_text()), run)
+        same = loss == row.get("train_ntp_loss_last")
+        self.log(run, f"trained again: final next-token loss {loss} against the row's {row.get('train_ntp_loss_last')}"
+                      + ("" if same else " - NOT reproduced, the drafting row says so"))
+        return {"train_ntp_loss_last": loss, "row_train_ntp_loss_last": row.get("train_ntp_loss_last"), "reproduced": same}
 
     def backfill_generations(self, runs: list[Run]) -> int:
         """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
@@ -503,9 +546,14 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
     ap.add_argument("--redraft", action="store_true",
                     help="measure drafting again with this code on the finished MuToR runs still on disk, train nothing")
+    ap.add_argument("--retrain", action="store_true",
+                    help="with --redraft: train again the runs whose checkpoint is gone (a new machine), checking that "
+                         "the final training loss equals the row's, then measure drafting")
     ap.add_argument("--keep-generations", action="store_true",
                     help="keep the scored generations of finished runs still on disk whose row has none, train nothing")
     args = ap.parse_args(argv)
+    if args.retrain and not args.redraft:
+        ap.error("--retrain goes with --redraft (it trains finished runs again only to measure their drafting)")
     plan, runs = load_plan(args.plan)
     runs = select(runs, args.group, args.only)
     driver = Driver(plan, args)

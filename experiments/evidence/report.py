@@ -313,17 +313,22 @@ def markdown(rows: list[dict], uninformative: Optional[dict] = None, references:
 def drafting_table(drafts: list[dict]) -> str:
     """Registers as drafters (drafting.jsonl): per MuToR run, greedy tokens/s and, per draft length, tokens
     per forward, tokens/s and the ratio of tokens/s to greedy's (not of seconds: in bf16 an output may differ
-    from greedy's and have another length), all at batch size 1 on the same prompts."""
+    from greedy's and have another length), all at batch size 1 on the same prompts; how busy the machine was
+    (other processes' CPU, where recorded) and whether the run was trained again for the measurement."""
     if not drafts:
         return ""
     ks = sorted({k for d in drafts for k in d["drafting"]}, key=lambda k: (k == "K=auto", k))
-    head = ["group", "run", "prompts", "dtype", "timing", "drafting code", "greedy tok/s"] + \
+    head = ["group", "run", "prompts", "dtype", "timing (other processes' CPU, cores)", "drafting code", "greedy tok/s"] + \
            [f"{k}: tok/fwd, tok/s, x greedy" for k in ks] + ["acceptance d=2..d_max (longest K)",
                                                               "prompts differing from greedy (most over K)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in drafts:
-        cells = [d["group"], d["run"], str(d["prompts"]), d["dtype"],
-                 "interleaved" if d.get("timing") else "one decoder after another", d.get("drafting_code", d.get("code", "-")),
+        timing = "interleaved" if d.get("timing") else "one decoder after another"
+        if (d.get("machine") or {}).get("others_cpu_cores") is not None:       # recorded since session 30
+            timing += f" ({d['machine']['others_cpu_cores']:.1f})"
+        again = d.get("retrained")                                             # driver.py --redraft --retrain
+        run = d["run"] + ("" if not again else " (trained again)" if again["reproduced"] else " (trained again, NOT the row's weights)")
+        cells = [d["group"], run, str(d["prompts"]), d["dtype"], timing, d.get("drafting_code", d.get("code", "-")),
                  f"{d['greedy']['tokens_per_s']:.1f}"]
         for k in ks:
             r = d["drafting"].get(k)
@@ -439,10 +444,12 @@ def main(argv=None) -> int:
     if drafts:
         md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
                "the first test prompts, batch size 1, one thread, greedy and drafting in one process, beside the "
-               "training runs; K=1 is plain decoding on the drafting code path, K=auto picks each round's draft length "
-               "and whether registers follow every fed token or the last one only; x greedy is the ratio of tokens per "
-               "second; a run measured again with newer drafting code shows its latest row; a prompt can differ from "
-               "greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
+               "training runs unless the timing column shows other processes' CPU near 0 (recorded since session 30; "
+               "1-2 cores: beside one or two trainings); K=1 is plain decoding on the drafting code path, K=auto picks "
+               "each round's draft length and whether registers follow every fed token or the last one only; x greedy "
+               "is the ratio of tokens per second; a run measured again (newer drafting code, a quiet machine; trained "
+               "again where its checkpoints were gone, `driver.py --redraft --retrain`) shows its latest row; a prompt "
+               "can differ from greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:
         md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning (experiments/evidence/"
