@@ -149,7 +149,7 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
 def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_row_then_measures_drafting(tmp_path):
     """A new machine has the rows but not the checkpoints: ``--redraft`` skips such a run, ``--redraft --retrain``
     trains it again from its plan entry (no second results row), finds the same final training loss as the row's
-    (same seed, data order and threads), and writes a drafting row that says so, with how busy the machine was."""
+    (same seed, data order and the row's thread count), and writes a drafting row that says so, with how busy the machine was."""
     import shutil
 
     plan = _plan(tmp_path, 2)
@@ -159,7 +159,7 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
     skipped = _driver(plan, "--redraft")
     assert "is not on disk: not measured again" in skipped.stdout and "training" not in skipped.stdout
     assert _driver(plan, "--retrain").returncode == 2                        # only with --redraft
-    again = _driver(plan, "--redraft", "--retrain")
+    again = _driver(plan, "--redraft", "--retrain", "--threads", "2")       # trained with the row's thread count
     assert again.returncode == 0, again.stdout + again.stderr
     row = report.load(tmp_path / "results.jsonl")[0]
     assert f"mutor_s0: trained again: final next-token loss {row['train_ntp_loss_last']} against the row's" in again.stdout

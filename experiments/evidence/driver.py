@@ -203,13 +203,14 @@ class Driver:
                 "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
 
 
-    def stage(self, run: Run, d: Path, what: str, cmd: list, ledger: Optional[dict] = None) -> dict:
+    def stage(self, run: Run, d: Path, what: str, cmd: list, ledger: Optional[dict] = None,
+              threads: Optional[int] = None) -> dict:
         """Log ``what``, run ``cmd`` into the run's log (:meth:`sh`) and raise when it fails, naming the program
         and the log. ``ledger``: fields of a line appended to the run's ``.train.jsonl`` with the resources
         used, failed or not (training's record of CPU time)."""
         self.log(run, what)
         log = d.parent / f"{run.name}.log"
-        res = self.sh([str(c) for c in cmd], log, self.args.threads)
+        res = self.sh([str(c) for c in cmd], log, threads or self.args.threads)
         if ledger is not None:
             with open(d.parent / f"{run.name}.train.jsonl", "a") as f:
                 f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **ledger, **res}) + "\n")
@@ -218,14 +219,14 @@ class Driver:
             raise RuntimeError(f"{prog} exited {res['rc']} (log: {log})")
         return res
 
-    def train(self, run: Run, d: Path) -> None:
+    def train(self, run: Run, d: Path, threads: Optional[int] = None) -> None:
         summary = d / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("finished"):
             return
         has_ck = d.is_dir() and last_checkpoint(d) is not None    # complete ones only (mutor.run.train)
         if d.exists() and not has_ck:
             shutil.rmtree(d)                     # killed before its first complete checkpoint: nothing to resume
-        g, t = run.group, self.args.threads
+        g, t = run.group, threads or self.args.threads
         cmd = [*MUTOR, "train", g["recipe"], f"method=[{run.method}]", f"seed={run.seed}", f"threads={t}",
                *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",
                f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}",
@@ -233,7 +234,7 @@ class Driver:
                # only the newest checkpoint (for resuming) is kept: a full fine-tune's is 1.6 GB
                f"training.save_total_limit={1 if g['eval']['task'] == 'run' else 'null'}",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
-        self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd, {"resumed": has_ck})
+        self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd, {"resumed": has_ck}, t)
 
     def prune(self, run: Run, d: Path) -> None:
         every = run.group["steps_per_epoch"]
@@ -450,8 +451,8 @@ class Driver:
 
     def retrain(self, run: Run, d: Path, row: dict) -> Optional[dict]:
         """Train a finished run again, as its plan entry says, when its checkpoints are gone (``--redraft
-        --retrain``); no results row is written. The same seed, data order and thread count on the same kind of
-        CPU give the same weights: whether they did is read from the next-token training loss at the end, which
+        --retrain``), with the row's thread count; no results row is written. The same seed, data order and thread
+        count on the same kind of CPU give the same weights: whether they did is read from the next-token training loss at the end, which
         must equal the row's (``train_ntp_loss_last``, 4 decimals). Returns what the drafting row records of it
         (``reproduced`` False: the weights differ from the row's run, and the row says so), or None when the run is
         claimed by another driver or training failed."""
@@ -461,7 +462,7 @@ class Driver:
             self.log(run, "claimed by another driver; not trained again")
             return None
         try:
-            self.train(run, d)
+            self.train(run, d, row.get("threads"))   # the row's thread count: another may sum in another order
             self.prune(run, d)
         except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
             self.log(run, f"FAILED: {err}")
