@@ -159,6 +159,12 @@ def _evaluated(out: Path, task: str) -> bool:
     return set(get_benchmark(task).test_splits[1:]) <= set(json.loads(f.read_text()).get("other_splits", {}))
 
 
+def _finished(d: Path) -> bool:
+    """Whether the run directory holds a finished training (its summary says so), not a killed one's remains."""
+    summary = d / "summary.json"
+    return summary.is_file() and bool(json.loads(summary.read_text()).get("finished"))
+
+
 def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
     """The mean next-token training loss over the last fifth of an epoch (a row's ``train_ntp_loss_last``): also
     the check that a run trained again (``--redraft --retrain``) reproduced the one its row describes."""
@@ -220,8 +226,7 @@ class Driver:
         return res
 
     def train(self, run: Run, d: Path, threads: Optional[int] = None) -> None:
-        summary = d / "summary.json"
-        if summary.is_file() and json.loads(summary.read_text()).get("finished"):
+        if _finished(d):
             return
         has_ck = d.is_dir() and last_checkpoint(d) is not None    # complete ones only (mutor.run.train)
         if d.exists() and not has_ck:
@@ -436,7 +441,7 @@ class Driver:
             if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
                 continue
             ck, again = row["selected_checkpoint"], None
-            if not (d if ck == "final" else d / ck).is_dir():
+            if not _finished(d) or not (d if ck == "final" else d / ck).is_dir():
                 if not self.args.retrain:
                     self.log(run, f"{ck} is not on disk: not measured again (--retrain trains it again)")
                     continue
