@@ -457,10 +457,10 @@ class Driver:
     def retrain(self, run: Run, d: Path, row: dict) -> Optional[dict]:
         """Train a finished run again, as its plan entry says, when its checkpoints are gone (``--redraft
         --retrain``), with the row's thread count; no results row is written. The same seed, data order and thread
-        count on the same kind of CPU give the same weights: whether they did is read from the next-token training loss at the end, which
-        must equal the row's (``train_ntp_loss_last``, 4 decimals). Returns what the drafting row records of it
-        (``reproduced`` False: the weights differ from the row's run, and the row says so), or None when the run is
-        claimed by another driver or training failed."""
+        count on the same kind of CPU give the same weights: whether they did is read from the next-token training
+        loss at the end, which must equal the row's (``train_ntp_loss_last``, 4 decimals). Returns what the drafting
+        row records of it (``reproduced`` False: the weights differ from the row's run, and the row says so), or None
+        when the run is claimed by another driver or training failed."""
         lock = d.parent / f"{run.name}.lock"
         d.parent.mkdir(parents=True, exist_ok=True)
         if not claim(lock):
