@@ -165,6 +165,11 @@ def _finished(d: Path) -> bool:
     return summary.is_file() and bool(json.loads(summary.read_text()).get("finished"))
 
 
+def _head() -> str:
+    """The short commit of the code this driver runs (recorded in every row it writes)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
 def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
     """The mean next-token training loss over the last fifth of an epoch (a row's ``train_ntp_loss_last``): also
     the check that a run trained again (``--redraft --retrain``) reproduced the one its row describes."""
@@ -310,7 +315,7 @@ class Driver:
             splits[split] = {"n": summ["n"], "metrics": summ["metrics"], "per_example": per,
                              "answer_loss": loss.get("answer_loss"), "answer_loss_se": loss.get("se"),
                              "answer_loss_per_example": loss.get("per_example"), "answer_tokens": loss.get("tokens")}
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = _head()
         return {"group": run.group["name"], "run": run.name, "method": run.method, "seed": run.seed,
                 "epochs": run.epochs, "tag": run.tag, "steps": s["global_step"], "recipe": run.group["recipe"],
                 "overrides": run.group.get("overrides", []) + run.overrides, "task": ev["task"],
@@ -342,7 +347,7 @@ class Driver:
             cmd += ["--max-new-tokens", str(e["max_new_tokens"])] if e.get("max_new_tokens") else []
             cmd += ["--data", str(REPO / e["data"])] if e.get("data") else []
             self.stage(run, d, "drafting", cmd)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = _head()
         return {**run.identity, "selected_checkpoint": ev["selected_checkpoint"], **json.loads(f.read_text()),
                 "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -435,7 +440,7 @@ class Driver:
         signal.signal(signal.SIGTERM, self.stop)         # a run trained again is stopped with the driver
         signal.signal(signal.SIGINT, self.stop)
         rows = {(r["group"], r["run"]): r for r in load(self.results)}
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = _head()
         for run in runs:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
             if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
@@ -470,7 +475,8 @@ class Driver:
             self.train(run, d, row.get("threads"))   # the row's thread count: another may sum in another order
             self.prune(run, d)
         except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
-            self.log(run, f"FAILED: {err}")
+            if not self.stopping:                # a run stopped with the driver did not fail
+                self.log(run, f"FAILED: {err}")
             return None
         finally:
             lock.unlink(missing_ok=True)
