@@ -146,10 +146,12 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert report.load(tmp_path / "results.jsonl")[-1]["train_processes"] == 2
 
 
-def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_row_then_measures_drafting(tmp_path):
+def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_row_and_each_redraft_measures_anew(
+        tmp_path):
     """A new machine has the rows but not the checkpoints: ``--redraft`` skips such a run, ``--redraft --retrain``
     trains it again from its plan entry (no second results row), finds the same final training loss as the row's
-    (same seed, data order and the row's thread count), and writes a drafting row that says so, with how busy the machine was."""
+    (same seed, data order and the row's thread count), and writes a drafting row that says so, with how busy the
+    machine was. A later ``--redraft`` (a quieter machine) measures again rather than reusing that measurement."""
     import shutil
 
     plan = _plan(tmp_path, 2)
@@ -171,6 +173,10 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
                                       "row_train_ntp_loss_last": row["train_ntp_loss_last"], "reproduced": True}
     assert drafts[1]["machine"]["cpus"] >= 1 and drafts[1]["machine"]["others_cpu_cores"] >= 0
     assert "| tiny | mutor_s0 (trained again) | 2 |" in report.drafting_table(drafts[1:])
+    later = _driver(plan, "--redraft")
+    assert later.returncode == 0 and "mutor_s0: drafting\n" in later.stdout, later.stdout + later.stderr
+    drafts = report.load(tmp_path / "drafting.jsonl")
+    assert len(drafts) == 3 and "retrained" not in drafts[2] and drafts[2]["finished_at"] >= drafts[1]["finished_at"]
 
 
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):

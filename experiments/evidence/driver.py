@@ -453,7 +453,9 @@ class Driver:
                 again = self.retrain(run, d, row)
                 if again is None:
                     continue
-            out = self.drafting(run, d, {"selected_checkpoint": ck}, d / f"drafting-{commit}.json")
+            f = d / f"drafting-{commit}.json"
+            f.unlink(missing_ok=True)            # measured anew: an earlier measurement's file is not reused
+            out = self.drafting(run, d, {"selected_checkpoint": ck}, f)
             if not self.stopping:
                 self.append({**out, **({"retrained": again} if again else {})}, self.drafting_results)
                 self.log(run, f"drafting row written (code {commit})")
