@@ -219,13 +219,23 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_choos
 # 0.988x, and live to 0.979x (0.966x for the old one, same prompts, interleaved); quiet, live, 1.004x greedy.
 # Session 24: live readings under load 0.965x / 0.996x, while three identical plain decoders read 0.97-1.00x
 # against each other there, so these replays, not one live reading, are the measure of a fix.
-LOADED_XFAIL = {"sr1_fp32_val": "issue 27: auto drafts at a loss under load on weak registers "
-                                "(recorded load 0.988x, moving load 0.968x; live 0.979x)"}
-UNDER_LOAD = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem]))
-              if p.stem in LOADED_XFAIL else p for p in TRACES]      # the trace sets, as the load tests take them
+# Session 31: sentence reordering s0 and s2 (trained again; row costs of a newer machine, where 2-3 rows cost only
+# 1.04-1.08x one row, so that `auto` drafts 2-token tail rounds near break-even) replay at 1.008x / 1.02x quiet and
+# pass the recorded load, but read 0.976x / 0.986x under the moving load: the same failure.
+LOADED_XFAIL = {"sr1_fp32_val": ("issue 27: auto drafts at a loss under load on weak registers "
+                                 "(recorded load 0.988x, moving load 0.968x; live 0.979x)", {"recorded", "moving"}),
+                **{f"sr{s}_fp32_val": (f"issue 27: auto drafts at a loss under a moving load on weak registers "
+                                       f"(sentence reordering s{s}: {x})", {"moving"})
+                   for s, x in ((0, "0.976x"), (2, "0.986x"))}}
 
 
-@pytest.mark.parametrize("path", UNDER_LOAD, ids=[p.stem for p in TRACES])
+def under_load(kind: str) -> list:
+    """The trace sets as the ``kind`` load test takes them, known failures marked (strict)."""
+    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem][0]))
+            if kind in LOADED_XFAIL.get(p.stem, ("", ()))[1] else p for p in TRACES]
+
+
+@pytest.mark.parametrize("path", under_load("recorded"), ids=[p.stem for p in TRACES])
 def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     """The same traces with each forward's cost times a factor drawn from the per-forward times recorded beside a
     training run (5th-95th percentile 0.62-1.52x): ``auto`` stays at least 0.99x plain decoding."""
@@ -237,7 +247,7 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     assert out["auto"]["speedup"] >= 0.99, out
 
 
-@pytest.mark.parametrize("path", UNDER_LOAD, ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", under_load("moving"), ids=[p.stem for p in TRACES])
 def test_auto_under_a_moving_load_is_never_slower_than_plain(path):
     """Each forward's cost times exp(x), x a slow random walk (``drift`` 0.1: neighbouring forwards share their load,
     as beside training runs whose phases come and go; over 6 draws it matched the live losses of session 23 on sr1:

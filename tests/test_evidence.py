@@ -151,7 +151,8 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
     """A new machine has the rows but not the checkpoints: ``--redraft`` skips such a run, ``--redraft --retrain``
     trains it again from its plan entry (no second results row), finds the same final training loss as the row's
     (same seed, data order and the row's thread count), and writes a drafting row that says so, with how busy the
-    machine was. A later ``--redraft`` (a quieter machine) measures again rather than reusing that measurement."""
+    machine was. A later ``--redraft`` (a quieter machine) measures again rather than reusing that measurement,
+    and its row too says that the weights were trained again."""
     import shutil
 
     plan = _plan(tmp_path, 2)
@@ -176,7 +177,8 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
     later = _driver(plan, "--redraft")
     assert later.returncode == 0 and "mutor_s0: drafting\n" in later.stdout, later.stdout + later.stderr
     drafts = report.load(tmp_path / "drafting.jsonl")
-    assert len(drafts) == 3 and "retrained" not in drafts[2] and drafts[2]["finished_at"] >= drafts[1]["finished_at"]
+    assert len(drafts) == 3 and drafts[2]["finished_at"] >= drafts[1]["finished_at"]
+    assert drafts[2]["retrained"] == drafts[1]["retrained"]                 # the same weights, trained again
 
 
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):

@@ -63,6 +63,7 @@ REPO = HERE.parents[1]
 # `python -m mutor` of this interpreter, not the `mutor` on PATH: a driver started from a frozen worktree
 # (start.sh) runs the package on its PYTHONPATH, whatever console script the shared venv was installed with
 MUTOR = (sys.executable, "-m", "mutor")
+RETRAINED = "retrained.json"           # in a run directory trained again by --redraft --retrain: what its rows record
 
 
 @dataclass
@@ -445,7 +446,8 @@ class Driver:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
             if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
                 continue
-            ck, again = row["selected_checkpoint"], None
+            ck, mark = row["selected_checkpoint"], d / RETRAINED
+            again = json.loads(mark.read_text()) if mark.is_file() and _finished(d) else None   # weights of a retrain
             if not _finished(d) or not (d if ck == "final" else d / ck).is_dir():
                 if not self.args.retrain:
                     self.log(run, f"{ck} is not on disk: not measured again (--retrain trains it again)")
@@ -486,7 +488,9 @@ class Driver:
         same = loss == row.get("train_ntp_loss_last")
         self.log(run, f"trained again: final next-token loss {loss} against the row's {row.get('train_ntp_loss_last')}"
                       + ("" if same else " - NOT reproduced, the drafting row says so"))
-        return {"train_ntp_loss_last": loss, "row_train_ntp_loss_last": row.get("train_ntp_loss_last"), "reproduced": same}
+        again = {"train_ntp_loss_last": loss, "row_train_ntp_loss_last": row.get("train_ntp_loss_last"), "reproduced": same}
+        (d / RETRAINED).write_text(json.dumps(again))     # a later --redraft of these weights says so too
+        return again
 
     def backfill_generations(self, runs: list[Run]) -> int:
         """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
