@@ -21,7 +21,8 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
    row does not is taken up again for this stage alone while its checkpoints are on disk. ``--redraft`` measures
    the finished runs again (new drafting code, a quiet machine); ``--redraft --retrain`` first trains again those
-   whose checkpoints are gone, and checks that the training reproduced the row's (its final training loss).
+   whose checkpoints are gone, and checks that the training reproduced the row's (its final training loss); the
+   run directory keeps that check (``retrained.json``), so every later drafting row of those weights records it.
 7. For a MuToR run of a star-graph group (``eval: {task: run}``), when the plan has a ``first_hop`` block: the
    registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
    row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
