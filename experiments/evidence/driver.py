@@ -169,7 +169,8 @@ def _finished(d: Path) -> bool:
 
 def _head() -> str:
     """The short commit of the code this driver runs (recorded in every row it writes)."""
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
@@ -447,15 +448,15 @@ class Driver:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
             if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
                 continue
-            ck, mark = row["selected_checkpoint"], d / RETRAINED
-            again = json.loads(mark.read_text()) if mark.is_file() and _finished(d) else None   # weights of a retrain
+            ck = row["selected_checkpoint"]
             if not _finished(d) or not (d if ck == "final" else d / ck).is_dir():
                 if not self.args.retrain:
                     self.log(run, f"{ck} is not on disk: not measured again (--retrain trains it again)")
                     continue
-                again = self.retrain(run, d, row)
-                if again is None:
+                if not self.retrain(run, d, row):
                     continue
+            mark = d / RETRAINED                 # these weights were trained again, now or by an earlier --retrain
+            again = json.loads(mark.read_text()) if mark.is_file() else None
             f = d / f"drafting-{commit}.json"
             f.unlink(missing_ok=True)            # measured anew: an earlier measurement's file is not reused
             out = self.drafting(run, d, {"selected_checkpoint": ck}, f)
@@ -464,34 +465,34 @@ class Driver:
                 self.log(run, f"drafting row written (code {commit})")
         return 0
 
-    def retrain(self, run: Run, d: Path, row: dict) -> Optional[dict]:
+    def retrain(self, run: Run, d: Path, row: dict) -> bool:
         """Train a finished run again, as its plan entry says, when its checkpoints are gone (``--redraft
         --retrain``), with the row's thread count; no results row is written. The same seed, data order and thread
         count on the same kind of CPU give the same weights: whether they did is read from the next-token training
-        loss at the end, which must equal the row's (``train_ntp_loss_last``, 4 decimals). Returns what the drafting
-        row records of it (``reproduced`` False: the weights differ from the row's run, and the row says so), or None
-        when the run is claimed by another driver or training failed."""
+        loss at the end, which must equal the row's (``train_ntp_loss_last``, 4 decimals); what the drafting rows record
+        of it goes to the run directory's ``retrained.json`` (``reproduced`` False: the weights differ from the row's
+        run, and the rows say so). Returns False when the run is claimed by another driver or training failed."""
         lock = d.parent / f"{run.name}.lock"
         d.parent.mkdir(parents=True, exist_ok=True)
         if not claim(lock):
             self.log(run, "claimed by another driver; not trained again")
-            return None
+            return False
         try:
             self.train(run, d, row.get("threads"))   # the row's thread count: another may sum in another order
             self.prune(run, d)
         except Exception as err:                 # noqa: BLE001 - one failed run does not stop the others
             if not self.stopping:                # a run stopped with the driver did not fail
                 self.log(run, f"FAILED: {err}")
-            return None
+            return False
         finally:
             lock.unlink(missing_ok=True)
         loss = train_ntp_loss_last(json.loads((d / "summary.json").read_text()), run)
         same = loss == row.get("train_ntp_loss_last")
         self.log(run, f"trained again: final next-token loss {loss} against the row's {row.get('train_ntp_loss_last')}"
                       + ("" if same else " - NOT reproduced, the drafting row says so"))
-        again = {"train_ntp_loss_last": loss, "row_train_ntp_loss_last": row.get("train_ntp_loss_last"), "reproduced": same}
-        (d / RETRAINED).write_text(json.dumps(again))     # a later --redraft of these weights says so too
-        return again
+        (d / RETRAINED).write_text(json.dumps({"train_ntp_loss_last": loss, "reproduced": same,
+                                               "row_train_ntp_loss_last": row.get("train_ntp_loss_last")}))
+        return True
 
     def backfill_generations(self, runs: list[Run]) -> int:
         """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
