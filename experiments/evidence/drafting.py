@@ -4,13 +4,17 @@ One process, one thread setting, the same test prompts for every decoder, each a
 plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), and through
 ``mutor.integrations.speculative.generate`` K = 1 (plain decoding on the drafting code path: its own
 overhead), register drafting with K = 2 .. d_max, and the draft length chosen per step (``"auto"``). The
-decoders take turns on each prompt, in an order that rotates from prompt to prompt, so that a change in
-the machine's load (other runs beside this one) slows them alike. A LoRA checkpoint is merged into its
+decoders take turns on each prompt, so that a change in the machine's load (other runs beside this one) slows
+them alike, in the orders of a Williams design (:func:`williams_orders`), one per prompt in turn, so that each
+decoder follows every other equally often (a rotation made one decoder always follow the same one, whose
+leftovers, a cache or freed memory, it then always met). A LoRA checkpoint is merged into its
 base once, for all of them. Every decoder's tokens are compared with greedy's: drafting is lossless, so in
 float32 they must be equal; in bfloat16 a forward of several rows may round differently from one of a single
 row, and a near-tie may then go the other way (``prompts_differing_from_greedy`` counts them, K = 1
 included) and the outputs' lengths differ: ``speedup_vs_greedy`` is the ratio of seconds on the same prompts,
-``tokens_per_s_vs_greedy`` that of emitted tokens per second (the two agree where the outputs do). One JSON object is printed (and written to ``--output``)::
+``tokens_per_s_vs_greedy`` that of emitted tokens per second (the two agree where the outputs do), and
+``speedup_ci95`` a 95 % bootstrap interval of the former over the prompts (the seconds of each prompt are kept
+in ``per_prompt_seconds``, to pool measurements). One JSON object is printed (and written to ``--output``)::
 
     python experiments/evidence/drafting.py runs/evidence/rg-maze/mutor_s0/checkpoint-125 \
         --task reasoning_gym --limit 20 --dtype float32
@@ -66,25 +70,27 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
 
     decoders = {"greedy": greedy, **{f"K={k}": drafter(k) for k in ks}}
     outs = {name: [] for name in decoders}
-    secs = dict.fromkeys(decoders, 0.0)
     machine = _Machine()
     with torch.no_grad():
         for fn in decoders.values():
             fn(prompts[0])                                                  # warm-up, not counted
         for k in ks:
             stats[k].clear()                                                # the warm-up's stats dropped
-        names = list(decoders)
-        for i, p in enumerate(prompts):                # decoders interleaved per prompt, in a rotating order, so
-            for name in names[i % len(names):] + names[:i % len(names)]:   # a change of machine load hits all alike
+        names, orders = list(decoders), williams_orders(len(decoders))
+        per_prompt = {name: [] for name in names}
+        for i, p in enumerate(prompts):                # decoders interleaved per prompt (a change of machine load
+            for j in orders[i % len(orders)]:          # hits all alike), each following every other equally often
                 t0 = time.perf_counter()
-                outs[name].append(decoders[name](p))
-                secs[name] += time.perf_counter() - t0
+                outs[names[j]].append(decoders[names[j]](p))
+                per_prompt[names[j]].append(time.perf_counter() - t0)
+        secs = {name: sum(t) for name, t in per_prompt.items()}
     n_tok = sum(len(g) for g in outs["greedy"])
     g_sec = secs["greedy"]
     result = {"checkpoint": str(ckpt), "drafting_code": _code(), "task": task, "split": split, "prompts": len(prompts),
               "max_new_tokens": n_new, "dtype": dtype, "threads": torch.get_num_threads(), "prefix_attention": mode,
-              "d_max": d_max, "timing": "interleaved per prompt", "machine": machine.read(),
-              "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2)},
+              "d_max": d_max, "timing": "interleaved per prompt, Williams orders", "machine": machine.read(),
+              "greedy": {"new_tokens": n_tok, "seconds": round(g_sec, 2), "tokens_per_s": round(n_tok / g_sec, 2),
+                         "per_prompt_seconds": [round(t, 4) for t in per_prompt["greedy"]]},
               "drafting": {}}
     for k in ks:
         total = DraftStats()
@@ -95,10 +101,30 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
         differ = sum(o != g for o, g in zip(outs[name], outs["greedy"]))
         result["drafting"][name] = {**total.to_dict(), "seconds": round(sec, 2), "tokens_per_s": round(n_out / sec, 2),
                                     "speedup_vs_greedy": round(g_sec / sec, 3),
+                                    "speedup_ci95": bootstrap_ratio(per_prompt["greedy"], per_prompt[name]),
+                                    "per_prompt_seconds": [round(t, 4) for t in per_prompt[name]],
                                     "tokens_per_s_vs_greedy": round(n_out / sec / (n_tok / g_sec), 3),
                                     "identical_to_greedy": differ == 0,
                                     "prompts_differing_from_greedy": differ}
     return result
+
+
+def williams_orders(n: int) -> list[list[int]]:
+    """Orders of n decoders in which each one follows every other equally often (a Williams design: one Latin
+    square for even n, it and its mirror for odd n), and takes each place equally often."""
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]       # 0, 1, n-1, 2, n-2, ...
+    square = [[(x + i) % n for x in first] for i in range(n)]
+    return square if n % 2 == 0 else square + [row[::-1] for row in square]
+
+
+def bootstrap_ratio(base: list[float], other: list[float], draws: int = 2000, seed: int = 0) -> list[float]:
+    """95 % interval of sum(base) / sum(other) over prompts drawn with replacement (the same draws for both)."""
+    import random
+
+    rng, n = random.Random(seed), len(base)
+    ratios = sorted(sum(base[i] for i in idx) / sum(other[i] for i in idx)
+                    for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(draws)))
+    return [round(ratios[int(0.025 * draws)], 3), round(ratios[int(0.975 * draws) - 1], 3)]
 
 
 class _Machine:
