@@ -1,0 +1,57 @@
+"""Pool repeated drafting measurements of one checkpoint: each decoder's speed against greedy over all of them.
+
+``experiments/evidence/drafting.py`` measures one pass over the prompts; on a quiet CPU two passes of the same
+checkpoint read 2-4 % apart (benchmarks/RESULTS.md, session 31), more than what separates `auto` from greedy
+where registers do not pay. This pools several passes (their ``per_prompt_seconds``, same prompts in the same
+order): per decoder, greedy's seconds over its seconds, summed over every pass, with a 95 % bootstrap interval
+that resamples the prompts, each with all its passes (a prompt's passes are not independent draws)::
+
+    python -m benchmarks.pool_drafting live/drafting_sr0_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+
+def pool(rows: list[dict], draws: int = 2000, seed: int = 0) -> dict:
+    """``{decoder: {"speedup_vs_greedy", "ci95", "per_pass"}}`` over ``rows`` (drafting.py results of one
+    checkpoint and prompt set)."""
+    if not rows:
+        raise ValueError("pool: no measurements")
+    n = rows[0]["prompts"]
+    for r in rows:
+        if r["prompts"] != n or r["checkpoint"] != rows[0]["checkpoint"] or "per_prompt_seconds" not in r["greedy"]:
+            raise ValueError(f"pool: {r['checkpoint']} ({r['prompts']} prompts) does not pool with "
+                             f"{rows[0]['checkpoint']} ({n}), or was measured without per-prompt seconds")
+    names = [k for k in rows[0]["drafting"] if all(k in r["drafting"] for r in rows)]
+    # per prompt, summed over the passes: (n,) for greedy and each decoder
+    total = lambda pick: [sum(pick(r)[i] for r in rows) for i in range(n)]
+    greedy = total(lambda r: r["greedy"]["per_prompt_seconds"])
+    rng = random.Random(seed)
+    samples = [[rng.randrange(n) for _ in range(n)] for _ in range(draws)]
+    out = {}
+    for name in names:
+        mine = total(lambda r: r["drafting"][name]["per_prompt_seconds"])
+        ratios = sorted(sum(greedy[i] for i in s) / sum(mine[i] for i in s) for s in samples)
+        out[name] = {"speedup_vs_greedy": round(sum(greedy) / sum(mine), 4),
+                     "ci95": [round(ratios[int(0.025 * draws)], 4), round(ratios[int(0.975 * draws) - 1], 4)],
+                     "per_pass": [r["drafting"][name]["speedup_vs_greedy"] for r in rows]}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", type=Path, nargs="+", help="drafting.py results (--output) of one checkpoint")
+    args = ap.parse_args(argv)
+    rows = [json.loads(f.read_text()) for f in args.files]
+    print(json.dumps({"checkpoint": rows[0]["checkpoint"], "passes": len(rows), "prompts": rows[0]["prompts"],
+                      "pooled": pool(rows)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
