@@ -184,8 +184,35 @@ def test_compare_with_noise_charges_what_it_tells_the_chooser_and_is_repeatable(
 
 TRACES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "draft_traces").glob("*.json"))
 
+# Known failure (issue 27 item 1, sessions 22-23): sentence reordering s1, registers kept 20-28 % at d=2 in float32.
+# Under this load `auto` read 0.947x here with the session-22 chooser, as it did live (0.944-0.97x beside two runs);
+# the session-23 settings (memory 0.95, costs averaged longer, half the optimism, half the probes) bring it to
+# 0.988x, and live to 0.979x (0.966x for the old one, same prompts, interleaved); quiet, live, 1.004x greedy.
+# Session 24: live readings under load 0.965x / 0.996x, while three identical plain decoders read 0.97-1.00x
+# against each other there, so these replays, not one live reading, are the measure of a fix.
+# Session 31: sentence reordering s0 and s2 (trained again; row costs of a newer machine, where 2-3 rows cost only
+# 1.04-1.08x one row, so that `auto` drafts 2-token tail rounds near break-even) replay at 1.008x / 1.02x quiet and
+# pass the recorded load, but read 0.976x / 0.986x under the moving load: the same failure.
+# Session 32: the replay now charges the prompt's registers (their rows in the prompt's forward, measured in
+# proportion); shortest path in float32 (3-token answers after ~220-token prompts, where the prompt's draft is kept
+# 5 % of the time but in-answer drafting wins, so the registers are fed after most prompts) then reads 0.989x quiet.
+XFAIL = {"sr1_fp32_val": ("issue 27: auto drafts at a loss under load on weak registers "
+                          "(recorded load 0.988x, moving load 0.968x; live 0.979x)", {"recorded", "moving"}),
+         **{f"sr{s}_fp32_val": (f"issue 27: auto drafts at a loss under a moving load on weak registers "
+                                f"(sentence reordering s{s}: {x})", {"moving"})
+            for s, x in ((0, "0.969x"), (2, "0.977x"))},
+         "sp1_fp32_val": ("issue 27: the prompt's registers, fed for in-answer drafting, cost more than they save "
+                          "(quiet 0.989x, moving load 0.986x)", {"quiet", "moving"})}
 
-@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+
+def expected(kind: str) -> list:
+    """The trace sets as the ``kind`` test (quiet, recorded or moving load) takes them, known failures marked
+    (strict)."""
+    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=XFAIL[p.stem][0]))
+            if kind in XFAIL.get(p.stem, ("", ()))[1] else p for p in TRACES]
+
+
+@pytest.mark.parametrize("path", expected("quiet"), ids=[p.stem for p in TRACES])
 def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fixed_k(path):
     """Traces recorded from the evidence runs (validation prompts, row costs measured on this CPU): replayed,
     ``auto`` is at least 0.99x plain decoding and within 5 % of the best fixed K in hindsight."""
@@ -213,29 +240,7 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_what_the_choos
     assert doubled["K=4"]["seconds"] == pytest.approx(2 * clean["K=4"]["seconds"])
 
 
-# Known failure (issue 27 item 1, sessions 22-23): sentence reordering s1, registers kept 20-28 % at d=2 in float32.
-# Under this load `auto` read 0.947x here with the session-22 chooser, as it did live (0.944-0.97x beside two runs);
-# the session-23 settings (memory 0.95, costs averaged longer, half the optimism, half the probes) bring it to
-# 0.988x, and live to 0.979x (0.966x for the old one, same prompts, interleaved); quiet, live, 1.004x greedy.
-# Session 24: live readings under load 0.965x / 0.996x, while three identical plain decoders read 0.97-1.00x
-# against each other there, so these replays, not one live reading, are the measure of a fix.
-# Session 31: sentence reordering s0 and s2 (trained again; row costs of a newer machine, where 2-3 rows cost only
-# 1.04-1.08x one row, so that `auto` drafts 2-token tail rounds near break-even) replay at 1.008x / 1.02x quiet and
-# pass the recorded load, but read 0.976x / 0.986x under the moving load: the same failure.
-LOADED_XFAIL = {"sr1_fp32_val": ("issue 27: auto drafts at a loss under load on weak registers "
-                                 "(recorded load 0.988x, moving load 0.968x; live 0.979x)", {"recorded", "moving"}),
-                **{f"sr{s}_fp32_val": (f"issue 27: auto drafts at a loss under a moving load on weak registers "
-                                       f"(sentence reordering s{s}: {x})", {"moving"})
-                   for s, x in ((0, "0.976x"), (2, "0.986x"))}}
-
-
-def under_load(kind: str) -> list:
-    """The trace sets as the ``kind`` load test takes them, known failures marked (strict)."""
-    return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=LOADED_XFAIL[p.stem][0]))
-            if kind in LOADED_XFAIL.get(p.stem, ("", ()))[1] else p for p in TRACES]
-
-
-@pytest.mark.parametrize("path", under_load("recorded"), ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", expected("recorded"), ids=[p.stem for p in TRACES])
 def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     """The same traces with each forward's cost times a factor drawn from the per-forward times recorded beside a
     training run (5th-95th percentile 0.62-1.52x): ``auto`` stays at least 0.99x plain decoding."""
@@ -247,7 +252,7 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
     assert out["auto"]["speedup"] >= 0.99, out
 
 
-@pytest.mark.parametrize("path", under_load("moving"), ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", expected("moving"), ids=[p.stem for p in TRACES])
 def test_auto_under_a_moving_load_is_never_slower_than_plain(path):
     """Each forward's cost times exp(x), x a slow random walk (``drift`` 0.1: neighbouring forwards share their load,
     as beside training runs whose phases come and go; over 6 draws it matched the live losses of session 23 on sr1:
