@@ -196,13 +196,17 @@ TRACES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "draft_tra
 # Session 32: the replay now charges the prompt's registers (their rows in the prompt's forward, measured in
 # proportion); shortest path in float32 (3-token answers after ~220-token prompts, where the prompt's draft is kept
 # 5 % of the time but in-answer drafting wins, so the registers are fed after most prompts) then reads 0.989x quiet.
+# Session 32 also draws the moving load 60 times instead of 3 (see that test): word reversal fully fine-tuned then
+# fails it too (0.988x).
 XFAIL = {"sr1_fp32_val": ("issue 27: auto drafts at a loss under load on weak registers "
-                          "(recorded load 0.988x, moving load 0.968x; live 0.979x)", {"recorded", "moving"}),
+                          "(recorded load 0.988x, moving load 0.978x; live 0.979x)", {"recorded", "moving"}),
          **{f"sr{s}_fp32_val": (f"issue 27: auto drafts at a loss under a moving load on weak registers "
                                 f"(sentence reordering s{s}: {x})", {"moving"})
-            for s, x in ((0, "0.969x"), (2, "0.977x"))},
+            for s, x in ((0, "0.983x"), (2, "0.986x"))},
          "sp1_fp32_val": ("issue 27: the prompt's registers, fed for in-answer drafting, cost more than they save "
-                          "(quiet 0.989x, moving load 0.986x)", {"quiet", "moving"})}
+                          "(quiet 0.989x, moving load 0.988x)", {"quiet", "moving"}),
+         "wrfull2_fp32_val": ("issue 27: auto drafts at a loss under a moving load near break-even (word reversal, "
+                              "full fine-tune: 0.988x)", {"moving"})}
 
 
 def expected(kind: str) -> list:
@@ -256,10 +260,12 @@ def test_auto_under_a_recorded_load_is_never_slower_than_plain(path):
 def test_auto_under_a_moving_load_is_never_slower_than_plain(path):
     """Each forward's cost times exp(x), x a slow random walk (``drift`` 0.1: neighbouring forwards share their load,
     as beside training runs whose phases come and go; over 6 draws it matched the live losses of session 23 on sr1:
-    0.978x against 0.979x live, the session-22 chooser 0.958x against 0.966x): ``auto`` stays at least 0.99x plain."""
+    0.978x against 0.979x live, the session-22 chooser 0.958x against 0.966x): ``auto`` stays at least 0.99x plain.
+    Over 60 draws: with 3, as until session 32, a set near the bar passed or failed by its draws (word reversal full
+    fine-tune 0.991x over 3, 0.975x over 15, 0.988x over 60; word reversal at 3 epochs 1.45x / 1.21x / 1.27x)."""
     traces = json.loads(path.read_text())
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
-    out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, drift=0.1, repeats=3)
+    out = compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"])}, drift=0.1, repeats=60)
     assert out["auto"]["speedup"] >= 0.99, out
 
 
