@@ -428,6 +428,7 @@ def test_drafting_measures_every_draft_length_against_greedy_on_a_trained_mutor_
         assert r["forwards"] <= r["new_tokens"] and r["tokens_per_s"] > 0
         assert len(r["per_prompt_seconds"]) == 3 and r["speedup_ci95"][0] <= r["speedup_ci95"][1]
     assert res["timing"] == "interleaved per prompt, Williams orders"
+    assert set(res["drafting"]["K=auto"]["chooser_state"]) >= {"ms_by_rows", "acceptance_estimate", "best"}
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 6])

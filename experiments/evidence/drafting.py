@@ -14,7 +14,9 @@ row, and a near-tie may then go the other way (``prompts_differing_from_greedy``
 included) and the outputs' lengths differ: ``speedup_vs_greedy`` is the ratio of seconds on the same prompts,
 ``tokens_per_s_vs_greedy`` that of emitted tokens per second (the two agree where the outputs do), and
 ``speedup_ci95`` a 95 % bootstrap interval of the former over the prompts (the seconds of each prompt are kept
-in ``per_prompt_seconds``, to pool measurements). One JSON object is printed (and written to ``--output``)::
+in ``per_prompt_seconds``, to pool measurements); ``auto``'s row keeps its chooser's end state (what it measured a
+forward of each size to cost, its acceptance estimates, its choice). One JSON object is printed (and written to
+``--output``)::
 
     python experiments/evidence/drafting.py runs/evidence/rg-maze/mutor_s0/checkpoint-125 \
         --task reasoning_gym --limit 20 --dtype float32
@@ -58,8 +60,10 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
 
     stats = {k: [] for k in ks}
 
+    choosers = {}                                                     # auto's, whose end state the row keeps
+
     def drafter(k):
-        drafts = DraftLength(d_max) if k == "auto" else k           # one chooser for all prompts, as in mutor eval
+        drafts = choosers[k] = DraftLength(d_max) if k == "auto" else k   # one chooser for all prompts, as mutor eval
 
         def draft(p):
             out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=[] if eos is None else eos,
@@ -105,7 +109,8 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
                                     "per_prompt_seconds": [round(t, 4) for t in per_prompt[name]],
                                     "tokens_per_s_vs_greedy": round(n_out / sec / (n_tok / g_sec), 3),
                                     "identical_to_greedy": differ == 0,
-                                    "prompts_differing_from_greedy": differ}
+                                    "prompts_differing_from_greedy": differ,
+                                    **({"chooser_state": choosers[k].state()} if k == "auto" else {})}
     return result
 
 
