@@ -4,8 +4,8 @@ A chooser change is judged on recorded traces first (``draft_replay``), but a re
 and cannot show how a chooser reads a real machine's load. This decodes the same prompts with plain decoding
 (``K=1`` on the drafting path), this checkout's ``auto`` and ``auto`` with the ``DraftLength`` of another source
 tree (a git worktree of an earlier commit; without one, this checkout's with other settings, ``--baseline-set``), all
-through this checkout's ``speculative.generate``, the three taking
-turns on each prompt in a rotating order so that a change of machine load hits them alike; one chooser instance
+through this checkout's ``speculative.generate``, the three taking turns on each prompt (in the orders of a
+Williams design, ``benchmarks/timing.py``) so that a change of machine load hits them alike; one chooser instance
 each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K::
 
     git worktree add --detach /tmp/old 5cac6a2
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.timing import williams_orders
 
 
 def baseline_chooser(src: Path):
@@ -73,10 +75,10 @@ def main(argv=None) -> int:
     choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max, **mine),
                 "auto (baseline)": Baseline(d_max, **theirs)}
     secs, stats = dict.fromkeys(choosers, 0.0), {name: DraftStats() for name in choosers}
-    names = list(choosers)
+    names, orders = list(choosers), williams_orders(len(choosers))
     with torch.no_grad():
         for i, p in enumerate(prompts):
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in (names[j] for j in orders[i % len(orders)]):
                 t0 = time.perf_counter()
                 _, st = generate(model, torch.tensor([p]), n_new, choosers[name], eos_token_id=eos, prefix_attention=mode)
                 secs[name] += time.perf_counter() - t0

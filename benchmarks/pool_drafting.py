@@ -4,7 +4,8 @@
 checkpoint read 2-4 % apart (benchmarks/RESULTS.md, session 31), more than what separates `auto` from greedy
 where registers do not pay. This pools several passes (their ``per_prompt_seconds``, same prompts in the same
 order): per decoder, greedy's seconds over its seconds, summed over every pass, with a 95 % bootstrap interval
-that resamples the prompts, each with all its passes (a prompt's passes are not independent draws)::
+(``benchmarks/timing.py``) that resamples the prompts, each with all its passes (a prompt's passes are not
+independent draws)::
 
     python -m benchmarks.pool_drafting live/drafting_sr0_*.json
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
+
+from benchmarks.timing import bootstrap_ratio
 
 
 def pool(rows: list[dict], draws: int = 2000, seed: int = 0) -> dict:
@@ -31,14 +33,11 @@ def pool(rows: list[dict], draws: int = 2000, seed: int = 0) -> dict:
     # per prompt, summed over the passes: (n,) for greedy and each decoder
     total = lambda pick: [sum(pick(r)[i] for r in rows) for i in range(n)]
     greedy = total(lambda r: r["greedy"]["per_prompt_seconds"])
-    rng = random.Random(seed)
-    samples = [[rng.randrange(n) for _ in range(n)] for _ in range(draws)]
     out = {}
     for name in names:
         mine = total(lambda r: r["drafting"][name]["per_prompt_seconds"])
-        ratios = sorted(sum(greedy[i] for i in s) / sum(mine[i] for i in s) for s in samples)
         out[name] = {"speedup_vs_greedy": round(sum(greedy) / sum(mine), 4),
-                     "ci95": [round(ratios[int(0.025 * draws)], 4), round(ratios[int(0.975 * draws) - 1], 4)],
+                     "ci95": bootstrap_ratio(greedy, mine, draws, seed),
                      "per_pass": [r["drafting"][name]["speedup_vs_greedy"] for r in rows]}
     return out
 

@@ -5,7 +5,7 @@ plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV
 ``mutor.integrations.speculative.generate`` K = 1 (plain decoding on the drafting code path: its own
 overhead), register drafting with K = 2 .. d_max, and the draft length chosen per step (``"auto"``). The
 decoders take turns on each prompt, so that a change in the machine's load (other runs beside this one) slows
-them alike, in the orders of a Williams design (:func:`williams_orders`), one per prompt in turn, so that each
+them alike, in the orders of a Williams design (``benchmarks/timing.py``), one per prompt in turn, so that each
 decoder follows every other equally often (a rotation made one decoder always follow the same one, whose
 leftovers, a cache or freed memory, it then always met). A LoRA checkpoint is merged into its
 base once, for all of them. Every decoder's tokens are compared with greedy's: drafting is lossless, so in
@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # the repository's benchmarks package
+from benchmarks.timing import bootstrap_ratio, williams_orders  # noqa: E402
 
 
 def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list | None = None,
@@ -112,24 +115,6 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
                                     "prompts_differing_from_greedy": differ,
                                     **({"chooser_state": choosers[k].state()} if k == "auto" else {})}
     return result
-
-
-def williams_orders(n: int) -> list[list[int]]:
-    """Orders of n decoders in which each one follows every other equally often (a Williams design: one Latin
-    square for even n, it and its mirror for odd n), and takes each place equally often."""
-    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]       # 0, 1, n-1, 2, n-2, ...
-    square = [[(x + i) % n for x in first] for i in range(n)]
-    return square if n % 2 == 0 else square + [row[::-1] for row in square]
-
-
-def bootstrap_ratio(base: list[float], other: list[float], draws: int = 2000, seed: int = 0) -> list[float]:
-    """95 % interval of sum(base) / sum(other) over prompts drawn with replacement (the same draws for both)."""
-    import random
-
-    rng, n = random.Random(seed), len(base)
-    ratios = sorted(sum(base[i] for i in idx) / sum(other[i] for i in idx)
-                    for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(draws)))
-    return [round(ratios[int(0.025 * draws)], 3), round(ratios[int(0.975 * draws) - 1], 3)]
 
 
 class _Machine:
