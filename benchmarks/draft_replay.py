@@ -115,14 +115,14 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
         ends = ([m - 1] if tail else list(range(a, m))) if k > 1 else []
         ends = [e for e in ends if e < m - last]
         kept = _verify(draft, y[n:n + len(draft)], stats)      # pending y[n-1]: draft[i] proposes y[n + i]
+        rows = m + len(ends) * (k - 1)
         if stats.forwards:
-            rows = m + len(ends) * (k - 1)
             c = cost(rows)                              # what this forward took (and what the chooser is told)
             took, told = c if isinstance(c, tuple) else (c, c)
             secs += took
             length.record(rows, told)
         else:                                           # the prompt's forward: its registers cost rows too, in
-            secs += prompt_seconds * len(ends) * (k - 1) / m   # proportion (3 after a 30-token prompt: +10 %)
+            secs += prompt_seconds * (rows - m) / m     # proportion (3 after a 30-token prompt: +10 %)
         stats.forwards += 1
         stats.rounds[k] = stats.rounds.get(k, 0) + 1
         new = y[n:n + kept + 1]
