@@ -6,7 +6,8 @@ and cannot show how a chooser reads a real machine's load. This decodes the same
 tree (a git worktree of an earlier commit; without one, this checkout's with other settings, ``--baseline-set``), all
 through this checkout's ``speculative.generate``, the three taking turns on each prompt (in the orders of a
 Williams design, ``benchmarks/timing.py``) so that a change of machine load hits them alike; one chooser instance
-each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K::
+each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K,
+with 95 % intervals over the prompts (``benchmarks/timing.py``), and the two choosers' ratio with its interval::
 
     git worktree add --detach /tmp/old 5cac6a2
     python -m benchmarks.chooser_ab RUN/checkpoint-375 --task reasoning_gym --limit 60 --baseline-src /tmp/old/src
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import williams_orders
+from benchmarks.timing import bootstrap_ratio, williams_orders
 
 
 def baseline_chooser(src: Path):
@@ -74,22 +75,28 @@ def main(argv=None) -> int:
     d_max = model.mutor_config.d_max
     choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max, **mine),
                 "auto (baseline)": Baseline(d_max, **theirs)}
-    secs, stats = dict.fromkeys(choosers, 0.0), {name: DraftStats() for name in choosers}
+    per_prompt = {name: [] for name in choosers}                    # seconds per prompt, for paired intervals
+    stats = {name: DraftStats() for name in choosers}
     names, orders = list(choosers), williams_orders(len(choosers))
     with torch.no_grad():
         for i, p in enumerate(prompts):
             for name in (names[j] for j in orders[i % len(orders)]):
                 t0 = time.perf_counter()
                 _, st = generate(model, torch.tensor([p]), n_new, choosers[name], eos_token_id=eos, prefix_attention=mode)
-                secs[name] += time.perf_counter() - t0
+                per_prompt[name].append(time.perf_counter() - t0)
                 stats[name].add(st)
+    secs = {name: sum(t) for name, t in per_prompt.items()}
     out = {"checkpoint": str(args.checkpoint), "prompts": len(prompts), "dtype": args.dtype,
            "threads": torch.get_num_threads(), "baseline_src": str(args.baseline_src),
            "set": mine, "baseline_set": theirs,
            **{name: {"seconds": round(secs[name], 2), "speed_vs_K1": round(secs["K=1"] / secs[name], 3),
                      **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")},
+                     "speed_vs_K1_ci95": bootstrap_ratio(per_prompt["K=1"], per_prompt[name]),
+                     "per_prompt_seconds": [round(t, 4) for t in per_prompt[name]],
                      **({} if choosers[name].fixed else {"state": choosers[name].state()})}
-              for name in names}}
+              for name in names},
+           "auto_vs_baseline": {"speed": round(secs["auto (baseline)"] / secs["auto"], 3),
+                                "ci95": bootstrap_ratio(per_prompt["auto (baseline)"], per_prompt["auto"])}}
     print(json.dumps(out))
     return 0
 
