@@ -382,13 +382,14 @@ def test_a_prompt_draft_that_is_mostly_right_still_decides_the_round_after_the_p
 
 
 def test_a_draft_that_reaches_the_end_is_fed_only_where_this_round_pays():
-    """The last round of a short answer: no register follows, no draft is made; fed j drafts cost 1 + j rows.
-    float32-like costs (2-3 rows dearer than 4) and drafts right 80 % of the time: 2 rows for 1.8 tokens
-    pays at 1.2, not at 1.9; a draft that does not reach the end is still priced as usual."""
-    for c2, expected in ((1.2, (2, True)), (1.9, (1, False))):
+    """The last round of a short answer: its j drafts stop before the eos the registers foresaw, and the j
+    registers after the last of them are still fed (``generate``'s rows, as the replay's): 2j + 1 rows. float32-like
+    costs (2-3 rows dearer than 4) and drafts right 80 % of the time: 3 rows for 1.8 tokens pays at 1.2, not at
+    1.9, whatever 2 rows cost; a draft that does not reach the end is still priced as usual."""
+    for c3, expected in ((1.2, (2, True)), (1.9, (1, False))):
         length = spec.DraftLength(4)
         length.tried = set(length.candidates)
-        for rows, sec in ((1, 1.0), (2, c2), (3, 2.0), (4, 1.5)):
+        for rows, sec in ((1, 1.0), (2, 1.2), (3, c3), (4, 1.5)):
             length.record(rows, sec)
         for _ in range(10):
             length.observe(1, 1)
