@@ -154,8 +154,6 @@ class DraftLength:
         self.first_offered = [0.0] * (k_max + 1)           # the same for the prompt's drafts (the answer's start)
         self.first_accepted = [0.0] * (k_max + 1)
         self.since_probe, self.last_best = 0, (1, False)
-        self.prompt_row: Optional[float] = None            # seconds per row of the prompt's forward
-        self.prompts, self.since_prompt_draft = 0, 0       # prompts timed; prompts since its registers were fed
         self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
         self.tried: set[tuple[int, bool]] = {(1, False)}
         self.prepared: set[tuple[int, bool]] = set()       # tried ones whose draft was made for them first
@@ -244,41 +242,21 @@ class DraftLength:
     def prompt_round(self) -> int:
         """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
         ones). While plain decoding wins they are a probe, fed on the probes' schedule. Where drafting within the
-        answer wins and the prompt's own draft does not, they are fed where that draft pays for their rows in the
-        prompt's forward (:meth:`_prompt_draft_pays`), and every ``max_probe`` prompts, so that its acceptance is
-        checked again: on shortest path's 4-token answers in float32, 3 registers after a 223-token prompt cost
-        8 ms, 1 % of a prompt's decoding, for a draft kept 5 % of the time (replayed quiet: 0.989x -> 0.994x
-        plain, with :meth:`last_round`'s pricing of session 33; benchmarks/RESULTS.md)."""
+        answer wins they are fed even if their own draft is mostly wrong: the round after then feeds K^2 rows, and
+        on a CPU in float32 those can cost less than fewer rows (number sorting, session 33: 16 rows 179-244 ms,
+        9 rows 300-440 ms). Feeding them only where their draft pays for their rows in the prompt's forward
+        replayed better (shortest path fp32 0.989x -> 0.994x plain) but lost 3.5 % live on number sorting, in
+        two quiet passes: without those rounds the chooser never measured 16 rows (benchmarks/RESULTS.md)."""
         if self.fixed is not None:
             return self.fixed
         if not self.hopeful():
             return 1
-        if 1 not in self.cost or self.best(first=True)[0] > 1:
+        if 1 not in self.cost or self.best()[0] > 1 or self.best(first=True)[0] > 1:
             return self.k_max
-        in_answer = self.best()
-        if in_answer[0] > 1:
-            self.since_prompt_draft += 1
-            if self._prompt_draft_pays(in_answer) or self.since_prompt_draft >= self.max_probe:
-                self.since_prompt_draft = 0
-                return self.k_max
-            return 1
         if self.since_probe >= self.interval((1, False)):
             self.since_probe = 0
             return self.k_max
         return 1
-
-    def _prompt_draft_pays(self, in_answer: tuple[int, bool]) -> bool:
-        """Where drafting within the answer wins: whether the prompt's registers pay for their rows in the
-        prompt's forward. With their draft the round after feeds it whole, the in-answer K with registers after
-        every fed token; without, one token and j-1 registers (j rows), starting the in-answer draft. The
-        tokens their draft adds are priced at the in-answer rate, its acceptance at its upper bound."""
-        if self.prompt_row is None:
-            return True
-        k = in_answer[0]
-        extra = self._chain(k, first=True, optimistic=True)[0] - 1
-        start = min(self.seconds(j) for j in range(k, self.k_max + 1))
-        fed = (self.k_max - 1) * self.prompt_row + self.seconds(self.rows(k, False))
-        return fed < start + extra / self.rate(*in_answer)
 
     def choose(self, drafted: Optional[int] = None, first: bool = False, ends: bool = False) -> tuple[int, bool]:
         """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
@@ -292,9 +270,7 @@ class DraftLength:
         although the prompt's draft is likely rejected (shortest path in bf16, 50 validation prompts replayed
         with ``benchmarks/draft_replay.py``: 1.10x plain instead of 1.00x). Otherwise the prompt's draft decides,
         and where it says to decode plainly the round is on the probes' schedule (K=2, a register after every fed
-        token), so that the in-answer acceptance of short answers is checked at all. Without a prompt's draft
-        (its registers not fed, :meth:`prompt_round`) where drafting within the answer wins, the round starts the
-        in-answer draft: the pending token and j-1 registers, the cheapest j >= that K."""
+        token), so that the in-answer acceptance of short answers is checked at all."""
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
@@ -302,8 +278,6 @@ class DraftLength:
         if not first:
             return self._choose(drafted, False, ends)
         in_answer = self.best()
-        if in_answer[0] > 1 and not drafted and not ends:  # no prompt's draft: start the in-answer one
-            return min(range(in_answer[0], self.k_max + 1), key=lambda j: self.seconds(j)), True
         if in_answer[0] > 1 and self._chain(2, first=True)[1] < 0.5:
             return in_answer[0], False
         pick = self._choose(drafted, True, ends)
@@ -423,13 +397,6 @@ class DraftLength:
     def timer(self) -> Callable[[], float]:
         """The clock to time this chooser's forwards by (see ``clock``)."""
         return time.thread_time if self.clock == "cpu" else time.perf_counter
-
-    def record_prompt(self, rows: int, seconds: float) -> None:
-        """The measured seconds of the prompt's forward of ``rows`` rows (its registers included): a running
-        average of its seconds per row, what a register after the prompt costs."""
-        self.prompts += 1
-        per, w = seconds / rows, max(1 / self.prompts, self.smoothing)
-        self.prompt_row = per if self.prompt_row is None else (1 - w) * self.prompt_row + w * per
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers): the first ``warmup`` of
