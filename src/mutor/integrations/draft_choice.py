@@ -242,11 +242,10 @@ class DraftLength:
     def prompt_round(self) -> int:
         """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
         ones). While plain decoding wins they are a probe, fed on the probes' schedule. Where drafting within the
-        answer wins they are fed even if their own draft is mostly wrong: the round after then feeds K^2 rows, and
-        on a CPU in float32 those can cost less than fewer rows (number sorting, session 33: 16 rows 179-244 ms,
-        9 rows 300-440 ms). Feeding them only where their draft pays for their rows in the prompt's forward
-        replayed better (shortest path fp32 0.989x -> 0.994x plain) but lost 3.5 % live on number sorting, in
-        two quiet passes: without those rounds the chooser never measured 16 rows (benchmarks/RESULTS.md)."""
+        answer wins they are fed even if their own draft is mostly wrong, for the round after to feed it whole.
+        Feeding them there only where their draft pays for their rows in the prompt's forward replayed better
+        (shortest path fp32 0.989x -> 0.994x plain) but read 0.962x and 0.965x the ungated chooser live, in two
+        quiet passes on number sorting (benchmarks/RESULTS.md, session 33), so it is not done."""
         if self.fixed is not None:
             return self.fixed
         if not self.hopeful():
