@@ -75,6 +75,45 @@ def test_replay_makes_generates_rounds(make):
         assert (replay_chooser.cost, replay_chooser.tried) == (real_chooser.cost, real_chooser.tried)
 
 
+class _EndsTail(DraftLength):
+    """Drafts K=4 with registers after every token, and a draft that reaches the answer's end as a tail round fed
+    whole; logs each forward's rows and the drafted tokens of the round that ends the answer."""
+
+    def __init__(self):
+        super().__init__(4)
+        self.rows_fed, self.ending = [], []
+
+    def prompt_round(self):
+        return 4
+
+    def choose(self, drafted=None, first=False, ends=False):
+        if ends and drafted:
+            self.ending.append((len(self.rows_fed), drafted))
+            return drafted + 1, True
+        return 4, False
+
+    def record(self, rows, seconds):
+        self.rows_fed.append(rows)
+
+
+def test_a_draft_cut_before_its_eos_is_fed_with_the_registers_after_its_last_token():
+    """The rows ``DraftLength.last_round`` prices: a draft that reaches the answer's end stops before the eos the
+    registers foresaw, and its tail round feeds the pending token, its j drafts and the j registers after the last
+    of them, 2j + 1 rows (not 1 + j), in ``generate`` as in the replay."""
+    ids, target, model = _model(30, 5)
+    answer = target[ids.shape[1]:]
+    stop = [answer[17]]
+    assert answer[17] not in answer[:17]
+    length = _EndsTail()
+    got, _ = spec.generate(model, ids, max_new_tokens=30, draft_registers=length, eos_token_id=stop)
+    assert got[0].tolist() == target[:ids.shape[1] + 18] and length.ending
+    for i, j in length.ending:
+        assert length.rows_fed[i] == 2 * j + 1
+    again = _EndsTail()
+    replay(again, record(model, ids[0].tolist(), 30, stop[0]), 30, set(stop), lambda rows: 1.0)
+    assert (again.rows_fed, again.ending) == (length.rows_fed, length.ending)
+
+
 def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     ids, target, model = _model(30, 4)
     traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
