@@ -325,9 +325,10 @@ class DraftLength:
         for ``E(j + 1)`` tokens, against plain decoding's rate raised by ``margin``. The draft stops before the
         eos the registers foresaw, so the forward still feeds the j registers after its last token (a draft, in
         case the model goes on): 2j + 1 rows, priced so (priced as 1 + j rows until session 33, it drafted 2-row
-        rounds that fed 3 on 3-token answers; replayed on the nine trace sets, -0.5 % to +1.3 %, none worse quiet).
-        Registers after every fed token instead, (j + 1)^2 rows, where those cost less (float32 on a CPU: 4 rows
-        can cost less than 3). Returns ``(j + 1, tail)`` or ``(1, False)``."""
+        rounds that fed 3 on 3-token answers). Registers after every fed token instead, (j + 1)^2 rows, where those
+        cost less (float32 on a CPU: 4 rows can cost less than 3). The two together, replayed on the nine trace
+        sets: none worse quiet, -1.2 % to +1.4 % under load (benchmarks/RESULTS.md, session 33). Returns
+        ``(j + 1, tail)`` or ``(1, False)``."""
         rates = {(j + 1, tail): self._chain(j + 1, first=first)[0] / (self.seconds(self.rows(j + 1, tail))
                                                                        or float("inf"))
                  for j in range(1, min(drafted, self.k_max - 1) + 1) for tail in (True, False)}
