@@ -308,8 +308,13 @@ def test_an_unmeasured_count_is_priced_from_the_measured_ones():
 def test_measured_costs_need_not_grow_with_the_rows_and_a_load_spike_moves_them_little():
     """float32 on a CPU: 3 rows can cost more than 4. A count's own measurements decide its cost; a count not
     measured costs what the cheapest larger one does; one slow measurement weighs as twice the average at most; a
-    count's first measurements are averaged, so that one lucky forward does not stand for its cost."""
-    length = spec.DraftLength(2)
+    count's first measurements are averaged, so that one lucky forward does not stand for its cost. (Each count's
+    average alone, ``level_gains=()``; with the default shared speed levels, the spike moves every cost by 1 %.)"""
+    shared = spec.DraftLength(2)
+    for rows, sec in ((4, 2.0), (3, 2.5), (1, 1.0), (1, 10.0)):
+        shared.record(rows, sec)
+    assert shared.seconds(4) == pytest.approx(2.0 * 1.01) and shared.seconds(1) == pytest.approx(1.5 * 1.01)
+    length = spec.DraftLength(2, level_gains=())
     for rows, sec in ((4, 2.0), (3, 2.5), (1, 1.0)):
         length.record(rows, sec)
     assert length.seconds(3) == 2.5 and length.seconds(2) == 2.0 and length.seconds(1) == 1.0

@@ -81,6 +81,26 @@ class DraftLength:
     measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
     proportion (a full round may never be fed whole: answers end, drafts end at eos).
 
+    Costs under a load that moves. Each row count's average is formed when that count was fed, and the
+    chooser compares them at one moment: where the machine's speed drifts (beside a training whose phases come
+    and go), a count fed rarely keeps the speed of when it was, and the chooser drafts when the plain forwards
+    have just slowed, a winner's curse on costs (sentence reordering s1 under a moving load, replayed: believed
+    4 rows at 1.16x one row while drafting, 1.47x in truth; 0.978x plain). So every measurement is taken as
+    ``c(rows)`` times a speed level shared by every row count, and the averages are formed at level 1. How fast
+    the level follows is chosen from the data: a few levels follow at the speeds ``level_gains``, each
+    predicting every forward, and the one with the least recent squared error (relative) is used (none:
+    ``level_gains=()``, each count's average alone, as until session 34). A measurement counts at half to twice
+    a level's prediction at most (a load spike is not a new speed). Where a
+    load's changes are independent from forward to forward (the recorded load) that is the slowest, and the
+    chooser is as before; where they persist, a fast one. Replayed on the nine trace sets, four of the five
+    moving-load failures and the recorded-load one pass (sentence reordering s1 0.978x -> 0.990x moving), none
+    worse quiet; live beside a training, four A/B passes read 0.995-1.038x the chooser without levels, and the
+    level in use showed both kinds of load there (benchmarks/RESULTS.md, session 34). The slowest level is the
+    averages' own: it is folded into them at each measurement, so that the levels and averages cannot drift
+    apart (one speed, two ways of writing it), and a level follows in ratios, not logarithms (the mean of a
+    skewed cost's logarithm is below that of the cost, and such a level pulled the averages of the counts fed
+    rarely down between their measurements: 4 rows at 1.30x one row instead of 1.47x).
+
     Each round takes the draft with the most tokens per second, and plain decoding unless a draft beats it by
     ``margin`` (the model is rough: answers end before a draft's average, costs move with the machine's load).
     For this choice each in-answer ``p_d`` is taken ``optimism`` standard errors above its estimate (an upper
@@ -140,14 +160,18 @@ class DraftLength:
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
                  memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.005, margin: float = 0.05,
-                 optimism: float = 0.5, clock: str = "wall", warmup: int = 0):
+                 optimism: float = 0.5, clock: str = "wall", warmup: int = 0,
+                 level_gains: tuple[float, ...] = (0.01, 0.05, 0.2, 0.5, 1.0)):
         if clock not in self.CLOCKS:
             raise ValueError(f"DraftLength: clock must be one of {', '.join(self.CLOCKS)}, not {clock!r}")
         self.clock = clock
         self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
         self.optimism, self.warmup = optimism, warmup
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
-        self.cost: dict[int, float] = {}                   # seconds per forward, by its number of rows
+        if level_gains and (sorted(level_gains) != list(level_gains) or not 0 < level_gains[0] <= level_gains[-1] <= 1):
+            raise ValueError(f"DraftLength: level_gains must rise within (0, 1] (or be empty), not {level_gains!r}")
+        self.cost: dict[int, float] = {}                   # seconds per forward at level 1, by its number of rows
+        self.levels = {g: [0.0, 0.0, 0] for g in level_gains}   # per gain: log level, mean squared error, count
         self.measured: dict[int, int] = {}                 # forwards timed, by rows
         self.offered = [0.0] * (k_max + 1)                 # discounted counts per offset d (index d)
         self.accepted = [0.0] * (k_max + 1)
@@ -392,7 +416,9 @@ class DraftLength:
                 "timed_by_rows": dict(sorted(self.measured.items())),
                 "acceptance_estimate": {f"d={d}": round(self.estimate(d), 3)
                                         for d in range(2, self.k_max + 1) if self.offered[d]},
-                "best": list(self.best()) if 1 in self.cost else None}
+                "best": list(self.best()) if 1 in self.cost else None,
+                "level": {"gain": self.level()[0], "level": round(self.level()[1], 3),
+                          "rms_error_by_gain": {g: round(math.sqrt(lv[1]), 3) for g, lv in self.levels.items()}}}
 
     def timer(self) -> Callable[[], float]:
         """The clock to time this chooser's forwards by (see ``clock``)."""
@@ -408,5 +434,33 @@ class DraftLength:
             self.tried -= {c for c in self.candidates[1:] if self.rows(*c) == rows}
             return
         n -= self.warmup
+        seconds /= self._follow_level(rows, seconds)
         old, w = self.cost.get(rows), max(1 / n, self.smoothing)
         self.cost[rows] = seconds if old is None else (1 - w) * old + w * min(seconds, 2 * old)
+
+    def level(self) -> tuple[float, float]:
+        """``(gain, level)``: the shared speed level used now, the one with the least recent error (the slowest
+        until it has predicted 20 forwards; ``(0.0, 1.0)`` without levels)."""
+        if not self.levels:
+            return 0.0, 1.0
+        slowest = min(self.levels)
+        g = min(self.levels, key=lambda g: self.levels[g][1]) if self.levels[slowest][2] >= 20 else slowest
+        return g, math.exp(self.levels[g][0])
+
+    def _follow_level(self, rows: int, seconds: float) -> float:
+        """Each level's prediction of this forward scored and the level moved toward it; returns the level it was
+        predicted at (by the level in use), which the measurement is divided by."""
+        level = self.level()[1]
+        if rows not in self.cost or not self.levels:
+            return level
+        for g, lv in self.levels.items():
+            e = min(max(seconds / (self.cost[rows] * math.exp(lv[0])) - 1, -0.5), 1.0)   # relative error, half
+            lv[1] = (lv[1] * lv[2] + e * e) / (lv[2] + 1) if lv[2] < 50 else 0.98 * lv[1] + 0.02 * e * e  # to 2x
+            lv[2] += 1
+            lv[0] += math.log1p(g * e)
+        fold = self.levels[min(self.levels)][0]            # the slowest level goes into the averages
+        for lv in self.levels.values():
+            lv[0] -= fold
+        self.cost = {r: c * math.exp(fold) for r, c in self.cost.items()}
+        return level * math.exp(-fold)
+

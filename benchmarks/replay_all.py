@@ -1,0 +1,66 @@
+"""``auto`` replayed on every recorded trace set, three ways: quiet, under the recorded load, under a moving load.
+
+The three replays ``tests/test_draft_replay.py`` holds ``auto`` to (at least 0.99x plain decoding each), as one
+table, so that a change to the chooser is seen on all nine sets at once before it is tried live:
+
+    python -m benchmarks.replay_all                       # main's chooser, settings as the tests take them
+    python -m benchmarks.replay_all --auto probe=8        # a setting changed (DraftLength keyword arguments)
+    PYTHONPATH=/tmp/variant/src python -m benchmarks.replay_all --json variant.json   # another tree's chooser
+
+Quiet: the traces' own row costs. Recorded: each forward's cost times a factor drawn from the per-forward times
+recorded beside a training run (``forward_times/wr3ep0_fp32_{quiet,beside_training}.json``), 3 draws. Moving: times
+exp(x), x a slow random walk (drift 0.1), 60 draws. Columns below 0.99 are the tests' failures (or expected ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.draft_replay import compare, load_ratios, settings
+
+TRACES = Path(__file__).parent / "draft_traces"
+LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 60}}
+
+
+def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]:
+    """``{set: {load: auto's speed-up over plain}}`` over the trace sets of ``benchmarks/draft_traces``."""
+    from mutor.integrations.draft_choice import DraftLength
+
+    recorded = load_ratios(*(json.loads((TRACES / "forward_times" / f"wr3ep0_fp32_{x}.json").read_text())
+                             for x in ("quiet", "beside_training")))
+    out = {}
+    for path in sorted(TRACES.glob("*_val.json")):
+        traces = json.loads(path.read_text())
+        costs = {int(r): c for r, c in traces["row_seconds"].items()}
+        make = lambda: DraftLength(traces["d_max"], **options)
+        out[path.stem] = {}
+        for kind in loads:
+            extra = dict(LOADS[kind], **({"load": recorded} if kind == "recorded" else {}))
+            out[path.stem][kind] = compare(traces, costs, {"auto": make}, **extra)["auto"]["speedup"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--auto", action="append", default=[], metavar="NAME=VALUE",
+                    help="a DraftLength setting for auto (repeatable)")
+    ap.add_argument("--loads", default=",".join(LOADS), help="which replays, comma-separated: quiet,recorded,moving")
+    ap.add_argument("--json", type=Path, default=None, help="also write the table here")
+    args = ap.parse_args(argv)
+    loads = tuple(x for x in args.loads.split(",") if x)
+    unknown = set(loads) - set(LOADS)
+    if unknown:
+        raise SystemExit(f"--loads: unknown {', '.join(sorted(unknown))} (expected some of {', '.join(LOADS)})")
+    table = replay_all(settings(args.auto), loads)
+    print(f"{'set':<18}" + "".join(f"{k:>10}" for k in loads))
+    for name, row in table.items():
+        print(f"{name:<18}" + "".join(f"{row[k]:>9.3f}{'*' if row[k] < 0.99 else ' '}" for k in loads))
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
