@@ -90,12 +90,12 @@ class DraftLength:
     the level follows is chosen from the data: a few levels follow at the speeds ``level_gains``, each
     predicting every forward, and the one with the least recent squared error (relative) is used (none:
     ``level_gains=()``, each count's average alone, as until session 34). A measurement counts at half to twice
-    a level's prediction at most (a load spike is not a new speed). Where a
-    load's changes are independent from forward to forward (the recorded load) that is the slowest, and the
-    chooser is as before; where they persist, a fast one. Replayed on the nine trace sets, four of the five
-    moving-load failures and the recorded-load one pass (sentence reordering s1 0.978x -> 0.990x moving), none
-    worse quiet; live, six A/B passes (four beside a training) read 0.995-1.038x the chooser without levels, and the
-    level in use showed both kinds of load there (benchmarks/RESULTS.md, session 34). The slowest level is the
+    a level's prediction at most (a load spike is not a new speed). Where a load's changes are independent from
+    forward to forward (the recorded load) that is the slowest, and the chooser is as before; where they persist,
+    a fast one. Replayed on the nine trace sets, four of the five moving-load failures and the recorded-load one
+    pass (sentence reordering s1 0.978x -> 0.990x moving), none worse quiet; live, six A/B passes (four beside a
+    training) read 0.995-1.038x the chooser without levels, and the level in use showed both kinds of load there
+    (benchmarks/RESULTS.md, session 34). The slowest level is the
     averages' own: it is folded into them at each measurement, so that the levels and averages cannot drift
     apart (one speed, two ways of writing it), and a level follows in ratios, not logarithms (the mean of a
     skewed cost's logarithm is below that of the cost, and such a level pulled the averages of the counts fed
