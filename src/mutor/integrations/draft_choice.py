@@ -93,8 +93,8 @@ class DraftLength:
     a level's prediction at most (a load spike is not a new speed). Where a load's changes are independent from
     forward to forward (the recorded load) that is the slowest, and the chooser is as before; where they persist,
     a fast one. Replayed on the nine trace sets, four of the five moving-load failures and the recorded-load one
-    pass (sentence reordering s1 0.978x -> 0.990x moving), none worse quiet; live, six A/B passes (four beside a
-    training) read 0.995-1.038x the chooser without levels, and the level in use showed both kinds of load there
+    pass (sentence reordering s1 0.978x -> 0.990x moving), none worse quiet; live, seven A/B passes (four beside a
+    training) read 0.995-1.075x the chooser without levels, and the level in use showed both kinds of load there
     (benchmarks/RESULTS.md, session 34). The slowest level is the
     averages' own: it is folded into them at each measurement, so that the levels and averages cannot drift
     apart (one speed, two ways of writing it), and a level follows in ratios, not logarithms (the mean of a
