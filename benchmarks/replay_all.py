@@ -15,6 +15,7 @@ exp(x), x a slow random walk (drift 0.1), 60 draws. Columns below 0.99 are the t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -24,21 +25,29 @@ TRACES = Path(__file__).parent / "draft_traces"
 LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 60}}
 
 
-def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]:
-    """``{set: {load: auto's speed-up over plain}}`` over the trace sets of ``benchmarks/draft_traces``."""
+@functools.lru_cache(maxsize=1)
+def recorded_load() -> dict[int, list[float]]:
+    """The recorded load: per-forward cost factors beside a training run (``draft_replay.load_ratios``)."""
+    return load_ratios(*(json.loads((TRACES / "forward_times" / f"wr3ep0_fp32_{x}.json").read_text())
+                         for x in ("quiet", "beside_training")))
+
+
+def replay_auto(traces: dict, kind: str, options: dict | None = None) -> dict:
+    """``compare``'s result for ``auto`` (``DraftLength`` with ``options``) on ``traces`` at their own row costs,
+    under the load ``kind`` (a key of ``LOADS``), as the suite replays it."""
     from mutor.integrations.draft_choice import DraftLength
 
-    recorded = load_ratios(*(json.loads((TRACES / "forward_times" / f"wr3ep0_fp32_{x}.json").read_text())
-                             for x in ("quiet", "beside_training")))
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    extra = dict(LOADS[kind], **({"load": recorded_load()} if kind == "recorded" else {}))
+    return compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"], **(options or {}))}, **extra)
+
+
+def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]:
+    """``{set: {load: auto's speed-up over plain}}`` over the trace sets of ``benchmarks/draft_traces``."""
     out = {}
     for path in sorted(TRACES.glob("*_val.json")):
         traces = json.loads(path.read_text())
-        costs = {int(r): c for r, c in traces["row_seconds"].items()}
-        make = lambda: DraftLength(traces["d_max"], **options)
-        out[path.stem] = {}
-        for kind in loads:
-            extra = dict(LOADS[kind], **({"load": recorded} if kind == "recorded" else {}))
-            out[path.stem][kind] = compare(traces, costs, {"auto": make}, **extra)["auto"]["speedup"]
+        out[path.stem] = {kind: replay_auto(traces, kind, options)["auto"]["speedup"] for kind in loads}
     return out
 
 

@@ -412,12 +412,13 @@ class DraftLength:
     def state(self) -> dict:
         """What the chooser believes now: ms per forward by rows (and how many forwards of each it timed), the
         acceptance estimate per offset checked, and its choice (a benchmark row's record of why it drafted so)."""
+        gain, level = self.level()
         return {"ms_by_rows": {r: round(1000 * c, 1) for r, c in sorted(self.cost.items())},
                 "timed_by_rows": dict(sorted(self.measured.items())),
                 "acceptance_estimate": {f"d={d}": round(self.estimate(d), 3)
                                         for d in range(2, self.k_max + 1) if self.offered[d]},
                 "best": list(self.best()) if 1 in self.cost else None,
-                "level": {"gain": self.level()[0], "level": round(self.level()[1], 3),
+                "level": {"gain": gain, "level": round(level, 3),
                           "rms_error_by_gain": {g: round(math.sqrt(lv[1]), 3) for g, lv in self.levels.items()}}}
 
     def timer(self) -> Callable[[], float]:
@@ -455,8 +456,8 @@ class DraftLength:
             return level
         for g, lv in self.levels.items():
             e = min(max(seconds / (self.cost[rows] * math.exp(lv[0])) - 1, -0.5), 1.0)   # relative error, half
-            lv[1] = (lv[1] * lv[2] + e * e) / (lv[2] + 1) if lv[2] < 50 else 0.98 * lv[1] + 0.02 * e * e  # to 2x
-            lv[2] += 1
+            lv[2] += 1                                     # to 2x; the mean of the first 50, then weight 0.02
+            lv[1] += max(1 / lv[2], 0.02) * (e * e - lv[1])
             lv[0] += math.log1p(g * e)
         fold = self.levels[min(self.levels)][0]            # the slowest level goes into the averages
         for lv in self.levels.values():
