@@ -123,6 +123,8 @@ def replay(length, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
             length.record(rows, told)
         else:                                           # the prompt's forward: its registers cost rows too, in
             secs += prompt_seconds * (rows - m) / m     # proportion (3 after a 30-token prompt: +10 %)
+            if hasattr(length, "record_prompt"):        # (a chooser of an earlier tree may not take it)
+                length.record_prompt(rows, prompt_seconds * rows / m)
         stats.forwards += 1
         stats.rounds[k] = stats.rounds.get(k, 0) + 1
         new = y[n:n + kept + 1]

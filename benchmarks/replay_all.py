@@ -9,7 +9,8 @@ table, so that a change to the chooser is seen on all nine sets at once before i
 
 Quiet: the traces' own row costs. Recorded: each forward's cost times a factor drawn from the per-forward times
 recorded beside a training run (``forward_times/wr3ep0_fp32_{quiet,beside_training}.json``), 3 draws. Moving: times
-exp(x), x a slow random walk (drift 0.1), 60 draws. Columns below 0.99 are the tests' failures (or expected ones).
+exp(x), x a slow random walk (drift 0.1), 240 draws (over 60 a cell moved by +-0.3 % with the draws). Columns
+below 0.99 are the tests' failures (or expected ones).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from benchmarks.draft_replay import compare, load_ratios, settings
 
 TRACES = Path(__file__).parent / "draft_traces"
-LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 60}}
+LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
 
 
 @functools.lru_cache(maxsize=1)

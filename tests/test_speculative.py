@@ -386,6 +386,27 @@ def test_a_prompt_draft_that_is_mostly_right_still_decides_the_round_after_the_p
     assert length.choose(3, first=True) == (4, False)
 
 
+def test_the_prompts_registers_are_fed_for_in_answer_drafting_only_where_their_draft_pays_for_their_rows():
+    """In-answer drafts right, the prompt's drafts wrong (shortest path's short answers): the prompt's registers
+    are fed where their draft's expected tokens pay for their rows in the prompt's forward (priced by its measured
+    seconds per row) and, so that their acceptance is checked again, every ``max_probe`` prompts; without them
+    the round after feeds one token and j-1 registers (the cheapest j >= the in-answer K), starting the in-answer
+    draft."""
+    def primed(prompt_row):
+        length = _every_choice_priced()
+        for _ in range(10):
+            length.observe(3, 0, first=True)
+            length.observe(3, 3)
+        length.record_prompt(100, 100 * prompt_row)
+        return length
+
+    dear = primed(0.1)           # 3 registers: 0.3 s and a 16-row round, for ~0.15 tokens at 4 / 1.5 s a token
+    assert dear.best() == (4, False) and dear.best(first=True) == (1, False)
+    assert dear.prompt_round() == 1 and dear.choose(0, first=True) == (4, True)
+    assert [dear.prompt_round() for _ in range(dear.max_probe)].count(4) == 1
+    assert primed(0.01).prompt_round() == 4                       # 0.03 s: the draft pays
+
+
 def test_a_draft_that_reaches_the_end_is_fed_only_where_this_round_pays():
     """The last round of a short answer: its j drafts stop before the eos the registers foresaw, and the j
     registers after the last of them are still fed (``generate``'s rows, as the replay's): 2j + 1 rows, or (j+1)^2

@@ -58,103 +58,51 @@ class DraftLength:
     """Chooses each round's draft from the recent acceptance and the measured cost of a forward: its length
     K in 1..K_max, and whether the registers follow every fed token or only the last one.
 
-    A round feeds the pending token and up to K-1 drafted tokens. With registers after each of them
+    The model. A round feeds the pending token and up to K-1 drafted tokens. With registers after each of them
     ("full", K^2 rows) the round after always has a draft; it yields ``E(K) = 1 + sum_{j=2..K} prod_{d=2..j}
     p_d`` tokens on average, ``p_d`` being the acceptance of offset d given that every earlier draft was kept.
     With registers after the last token only ("tail", 2K-1 rows) a rejected draft leaves the next round
     without one (it feeds one token and K-1 registers, K rows, for one token), so a tail round and its
     share of draftless rounds yield ``E(K) + 1 - P(K)`` tokens for ``c(2K-1) + (1 - P(K)) c(K)``, ``P(K)``
-    being the chance that the whole draft is kept. ``p_d`` is estimated from recent drafts (an offset's counts
-    discounted by ``memory`` each time it is offered, one kept and one rejected draft as prior; 0 until it has
-    been checked once), so that a long repetitive or formulaic stretch of text is noticed; an offset not offered
-    keeps its estimate. A short memory (0.85, about 7 drafts) made the estimate swing by +-0.15 and the chooser
-    draft whenever it swung high, a winner's curse: sentence reordering in float32 (registers kept 25 %) under a
-    recorded load replayed at 0.947x plain, as it had measured live; 0.95 (about 20 drafts) is one part of
-    what brought it to 0.988x (the others: ``smoothing``, ``optimism``, ``probe_share`` below). The drafts
-    of the prompt's registers (the answer's first tokens: a star graph's hard first hop, a short answer's
-    first word) are counted apart and decide the round after the prompt's, unless they are more often wrong
-    than right at d=2 and drafting within the answer wins: then that round takes the in-answer K with registers
-    after every fed token (:meth:`choose`).
-    ``c(rows)`` is a running average of the measured seconds of a forward with that many rows (the mean of its
-    first ``1/smoothing`` measurements, then weight ``smoothing``: a cost is a property of the machine, and one
-    lucky first forward taken as the cost, or a short average, drafted at a loss under load); a count not
-    measured costs what the cheapest larger measured one does, or, above every measured one, the largest in
-    proportion (a full round may never be fed whole: answers end, drafts end at eos).
+    being the chance that the whole draft is kept. Each round takes the candidate with the most tokens per
+    second, and plain decoding (K = 1) unless a draft beats it by ``margin``. So the same registers draft long
+    where extra rows cost little (bf16 on a CPU with AVX512-BF16, a GPU) and little or nothing where a forward
+    of a few rows costs two or three of one row (float32 on a CPU).
 
-    Costs under a load that moves. Each row count's average is formed when that count was fed, and the
-    chooser compares them at one moment: where the machine's speed drifts (beside a training whose phases come
-    and go), a count fed rarely keeps the speed of when it was, and the chooser drafts when the plain forwards
-    have just slowed, a winner's curse on costs (sentence reordering s1 under a moving load, replayed: believed
-    4 rows at 1.16x one row while drafting, 1.47x in truth; 0.978x plain). So every measurement is taken as
-    ``c(rows)`` times a speed level shared by every row count, and the averages are formed at level 1. How fast
-    the level follows is chosen from the data: a few levels follow at the speeds ``level_gains``, each
-    predicting every forward, and the one with the least recent squared error (relative) is used (none:
-    ``level_gains=()``, each count's average alone, as until session 34). A measurement counts at half to twice
-    a level's prediction at most (a load spike is not a new speed). Where a load's changes are independent from
-    forward to forward (the recorded load) that is the slowest, and the chooser is as before; where they persist,
-    a fast one. Replayed on the nine trace sets, four of the five moving-load failures and the recorded-load one
-    pass (sentence reordering s1 0.978x -> 0.990x moving), none worse quiet; live, seven A/B passes (four beside a
-    training) read 0.995-1.075x the chooser without levels, and the level in use showed both kinds of load there
-    (benchmarks/RESULTS.md, session 34). The slowest level is the
-    averages' own: it is folded into them at each measurement, so that the levels and averages cannot drift
-    apart (one speed, two ways of writing it), and a level follows in ratios, not logarithms (the mean of a
-    skewed cost's logarithm is below that of the cost, and such a level pulled the averages of the counts fed
-    rarely down between their measurements: 4 rows at 1.30x one row instead of 1.47x).
+    What it learns, and how it guards against its own errors (each setting's measurements: docs/drafting.md,
+    "What each setting was measured against"):
 
-    Each round takes the draft with the most tokens per second, and plain decoding unless a draft beats it by
-    ``margin`` (the model is rough: answers end before a draft's average, costs move with the machine's load).
-    For this choice each in-answer ``p_d`` is taken ``optimism`` standard errors above its estimate (an upper
-    confidence bound, ``sqrt(p(1-p)/(n+2))`` with ``n`` the discounted count), because the errors are not
-    symmetric: a plain round feeds no register and observes nothing, so an acceptance estimated too low keeps
-    the chooser plain and is never corrected, while one too high is corrected by the very rounds it causes
-    (word reversal, 3 epochs, float32, 50 validation prompts replayed: 1.357x plain with half a standard error,
-    1.336x with none; gsm bf16 1.445x against 1.436x). A whole standard error drafted at a loss on weak registers
-    under load (sentence reordering: 0.981x against 0.988x at half). Which one wins depends on the machine, not
-    only on the registers: where extra rows cost nearly nothing (bf16 on a CPU with AVX512-BF16, a GPU),
-    long full drafts; where a forward of a few rows costs two or three of one row (float32 on a CPU, whose
-    one-row products take a faster path), K = 1, which is plain greedy decoding, unless nearly every draft
-    is kept. Knowing that costs forwards, so the chooser learns it cheaply:
+    - ``p_d``: kept over offered drafts, discounted by ``memory`` each time the offset is offered, one kept and
+      one rejected draft as prior, 0 until checked once. Every draft the registers make, fed or not, is checked
+      against the tokens decoded after it (:meth:`watch`, :meth:`emitted`), so acceptance costs no rows; only what
+      could be fed counts (a right guess of the end saves nothing). The prompt's registers' drafts (an answer's
+      first tokens) keep their own acceptance and decide the round after the prompt's (:meth:`choose`). For the
+      choice each in-answer ``p_d`` is taken ``optimism`` standard errors high: a plain round observes nothing,
+      so an estimate too low would never be corrected, while one too high is corrected by the rounds it causes.
+    - ``c(rows)``: the average of a forward's measured seconds by its rows (the mean of the first
+      ``1/smoothing``, then weight ``smoothing``), at a speed level shared by every row count. A count fed
+      rarely would otherwise keep the speed of when it was fed, and the chooser would draft whenever the plain
+      forwards had just slowed (a winner's curse on costs). How fast the level follows is chosen from the data:
+      levels following at the speeds ``level_gains`` each predict every forward, and the one with the least
+      recent squared relative error is used (the slowest, folded into the averages, until 20 forwards; ``()``:
+      no level). A measurement counts at half to twice a prediction at most (a spike is not a new speed). A count
+      not measured costs what the cheapest larger measured one does, or above every measured one the largest in
+      proportion; costs are not assumed to grow with the rows (in float32 on a CPU 4 rows can cost less than 3).
+    - Trying a draft: one not tried yet is tried when it would win at the least it may cost (the most a measured
+      forward with fewer rows costs), fewest rows first, so that one slow forward rules out every larger draft
+      the acceptance cannot pay for; a round first drafts every offset where the draft is too short for it.
+    - Probes: while a draft shorter than K_max wins (K = 1 included), a round adds registers for every offset
+      after its last fed token every ``probe`` rounds, an interval that doubles (up to ``max_probe``) while the
+      choice stays and never lets the probes' rows take more than ``probe_share`` of the time; where not even a
+      draft kept whole could pay, no register is fed at all.
+    - The answer's ends: the prompt's registers are fed where their own draft pays for its rows
+      (:meth:`prompt_round`), a round with no draft to feed takes the cheapest count of registers, and a draft
+      that reaches the answer's end is priced by the rows its round feeds (:meth:`last_round`).
 
-    - Acceptance from the decoded tokens. Every draft the registers make, fed or not (the prompt's round's, a
-      probe's, the offsets beyond what the next round feeds), is checked against the tokens decoded after it
-      (:meth:`watch`, :meth:`emitted`): what verification would count, at no extra rows. Only what could be
-      fed counts (a greedy draft ends before its eos), so that a right guess of the end, which saves nothing,
-      does not raise the acceptance.
-    - Costs by optimism. A draft not tried yet is tried when it would win at the least it may cost (more
-      rows seldom cost less: the most a measured forward with fewer rows costs), fewest rows first,
-      so that one slow measured forward rules out every larger draft the acceptance cannot pay for; where the
-      pending draft is too short for it, a round first drafts every offset, so that its rows are measured.
-    - Probes. While a draft shorter than K_max wins (K = 1 included), a round adds registers for every offset
-      after its last fed token every ``probe`` rounds, an interval that doubles (up to ``max_probe``) while
-      the choice stays the same and that is never so short that the probes' extra rows take more than
-      ``probe_share`` of the time (the prompt's registers are such a probe then, and so is a K=2 round with a
-      register after every fed token in the round after the prompt's, the one place where a short answer's
-      in-answer draft can be checked); where not even a draft kept whole could pay, no register is fed.
-    - No draft to feed. Where a draft wins but the round has none (after a plain round, or a rejected draft of a
-      tail round), it feeds the pending token and j-1 registers, j rows whatever its K: the cheapest measured
-      j >= K (in float32 on a CPU 4 rows can cost less than 2; sentence reordering under load: 0.5 % of the time
-      went to 2-row rounds).
-
-    ``clock``: what a forward's seconds are measured by: ``"wall"`` (default, ``time.perf_counter``), or
-    ``"cpu"``, the decoding thread's CPU time (``time.thread_time``; only meaningful with one intra-op thread on a
-    CPU), which waiting for a core does not inflate. Replayed under a load that moves (``draft_replay --drift 0.1
-    --clock cpu``, an idealised CPU clock that sees none of the load) it kept sentence reordering at 0.994x plain
-    against the wall clock's 0.968x, but live, beside two trainings on two cores, it read 0.931x and 0.984x against
-    the wall clock's 0.965x and 0.996x (``benchmarks/chooser_ab.py``, 60 prompts, session 24): by CPU time a forward
-    of 2-3 rows cost only 1.1-1.2x one row, so it drafted 2-token tail rounds at break-even by its clock and
-    at a loss by the wall's. Not the default.
-
-    ``warmup``: forwards of each row count that are not counted (default 0), a draft tried then being tried again.
-    A shape's first forward can cost more than the next ones (a GPU loads kernels on first use; oneDNN makes its
-    primitives per shape), and a cost measured too high is never corrected: the draft it rules out is not fed
-    again. Replayed with the first forward of each row count 3x its cost (``draft_replay --cold 3``), the default
-    fell from 1.357x to 0.989x plain on word reversal (3 epochs) and from 1.445x to 1.144x on gsm_symbolic (bf16);
-    ``warmup=1`` kept 1.262x and 1.420x, but cost the near-break-even sets up to 5 % (full-tuned word reversal quiet:
-    0.993x against 1.043x; sentence reordering with cold 10: 0.939x against 0.970x), since every draft is tried
-    twice. On this CPU a first forward costs no more than the next ones within the noise (session 25); on a GPU
-    it is not measured. So not the default (benchmarks/RESULTS.md, session 25).
-
-    ``fixed``: always that K, full (no timing)."""
+    ``clock``: ``"wall"`` (default, ``time.perf_counter``) or ``"cpu"`` (the thread's CPU time, meaningful with
+    one intra-op thread on a CPU; it replayed well under a moving load and lost live, so it is not the default).
+    ``warmup``: forwards of each row count not counted (default 0; a shape's first forward can cost more, but a
+    draft tried twice costs near-break-even runs up to 5 %). ``fixed``: always that K, full (no timing)."""
 
     CLOCKS = ("wall", "cpu")
 
@@ -178,6 +126,8 @@ class DraftLength:
         self.first_offered = [0.0] * (k_max + 1)           # the same for the prompt's drafts (the answer's start)
         self.first_accepted = [0.0] * (k_max + 1)
         self.since_probe, self.last_best = 0, (1, False)
+        self.prompt_row: Optional[float] = None            # seconds per row of the prompt's forward
+        self.prompts, self.since_prompt_draft = 0, 0       # prompts timed; prompts since its registers were fed
         self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
         self.tried: set[tuple[int, bool]] = {(1, False)}
         self.prepared: set[tuple[int, bool]] = set()       # tried ones whose draft was made for them first
@@ -266,20 +216,44 @@ class DraftLength:
     def prompt_round(self) -> int:
         """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
         ones). While plain decoding wins they are a probe, fed on the probes' schedule. Where drafting within the
-        answer wins they are fed even if their own draft is mostly wrong, for the round after to feed it whole.
-        Feeding them there only where their draft pays for their rows in the prompt's forward replayed better
-        (shortest path fp32 0.989x -> 0.994x plain) but read 0.962x and 0.965x the ungated chooser live, in two
-        quiet passes on number sorting (benchmarks/RESULTS.md, session 33), so it is not done."""
+        answer wins and the prompt's own draft does not, they are fed where that draft pays for their rows in the
+        prompt's forward (:meth:`_prompt_draft_pays`), and every ``max_probe`` prompts, so that its acceptance is
+        checked again: on shortest path's 4-token answers in float32, 3 registers after a 223-token prompt cost
+        8 ms, 1 % of a prompt's decoding, for a draft kept 5 % of the time (replayed quiet: 0.989x -> 0.994x plain).
+        Session 33 reverted this on two quiet live passes on number sorting (0.962x, 0.965x the chooser without
+        it) that a third pass of the chooser without it did not bear out; in session 35 five quiet passes (number
+        sorting s1 twice and s2, sentence reordering s0 and s2) read 0.996-1.005x the chooser without it, each
+        interval reaching 1 (benchmarks/RESULTS.md)."""
         if self.fixed is not None:
             return self.fixed
         if not self.hopeful():
             return 1
-        if 1 not in self.cost or self.best()[0] > 1 or self.best(first=True)[0] > 1:
+        if 1 not in self.cost or self.best(first=True)[0] > 1:
             return self.k_max
+        in_answer = self.best()
+        if in_answer[0] > 1:
+            self.since_prompt_draft += 1
+            if self._prompt_draft_pays(in_answer) or self.since_prompt_draft >= self.max_probe:
+                self.since_prompt_draft = 0
+                return self.k_max
+            return 1
         if self.since_probe >= self.interval((1, False)):
             self.since_probe = 0
             return self.k_max
         return 1
+
+    def _prompt_draft_pays(self, in_answer: tuple[int, bool]) -> bool:
+        """Where drafting within the answer wins: whether the prompt's registers pay for their rows in the
+        prompt's forward. With their draft the round after feeds it whole, the in-answer K with registers after
+        every fed token; without, one token and j-1 registers (j rows), starting the in-answer draft. The
+        tokens their draft adds are priced at the in-answer rate, its acceptance at its upper bound."""
+        if self.prompt_row is None:
+            return True
+        k = in_answer[0]
+        extra = self._chain(k, first=True, optimistic=True)[0] - 1
+        start = min(self.seconds(j) for j in range(k, self.k_max + 1))
+        fed = (self.k_max - 1) * self.prompt_row + self.seconds(self.rows(k, False))
+        return fed < start + extra / self.rate(*in_answer)
 
     def choose(self, drafted: Optional[int] = None, first: bool = False, ends: bool = False) -> tuple[int, bool]:
         """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
@@ -293,7 +267,9 @@ class DraftLength:
         although the prompt's draft is likely rejected (shortest path in bf16, 50 validation prompts replayed
         with ``benchmarks/draft_replay.py``: 1.10x plain instead of 1.00x). Otherwise the prompt's draft decides,
         and where it says to decode plainly the round is on the probes' schedule (K=2, a register after every fed
-        token), so that the in-answer acceptance of short answers is checked at all."""
+        token), so that the in-answer acceptance of short answers is checked at all. Without a prompt's draft
+        (its registers not fed, :meth:`prompt_round`) where drafting within the answer wins, the round starts the
+        in-answer draft: the pending token and j-1 registers, the cheapest j >= that K."""
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
@@ -301,6 +277,8 @@ class DraftLength:
         if not first:
             return self._choose(drafted, False, ends)
         in_answer = self.best()
+        if in_answer[0] > 1 and not drafted and not ends:  # no prompt's draft: start the in-answer one
+            return min(range(in_answer[0], self.k_max + 1), key=lambda j: self.seconds(j)), True
         if in_answer[0] > 1 and self._chain(2, first=True)[1] < 0.5:
             return in_answer[0], False
         pick = self._choose(drafted, True, ends)
@@ -424,6 +402,13 @@ class DraftLength:
     def timer(self) -> Callable[[], float]:
         """The clock to time this chooser's forwards by (see ``clock``)."""
         return time.thread_time if self.clock == "cpu" else time.perf_counter
+
+    def record_prompt(self, rows: int, seconds: float) -> None:
+        """The measured seconds of the prompt's forward of ``rows`` rows (its registers included): a running
+        average of its seconds per row, what a register after the prompt costs."""
+        self.prompts += 1
+        per, w = seconds / rows, max(1 / self.prompts, self.smoothing)
+        self.prompt_row = per if self.prompt_row is None else (1 - w) * self.prompt_row + w * per
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers): the first ``warmup`` of

@@ -159,6 +159,8 @@ def generate(
                 nxt = greedy[kept]
             if stats.forwards:                                     # the prompt's round is no measure of a step
                 length.record(m + len(ends) * len(offsets), clock() - t0)
+            else:                                                  # but it prices the prompt's registers
+                length.record_prompt(m + len(ends) * len(offsets), clock() - t0)
             stats.forwards += 1
             stats.rounds[k] = stats.rounds.get(k, 0) + 1
             stats.tail_rounds += tail
