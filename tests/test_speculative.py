@@ -407,6 +407,22 @@ def test_the_prompts_registers_are_fed_for_in_answer_drafting_only_where_their_d
     assert primed(0.01).prompt_round() == 4                       # 0.03 s: the draft pays
 
 
+def test_the_prompts_registers_reach_one_offset_beyond_the_winning_draft():
+    """A 2-token draft of the answer's start wins and nothing within the answer does: the prompt's forward feeds
+    the registers for offsets 2 and 3 (K = 3), not all K_max - 1 of them, and all of them every ``max_probe``
+    prompts, so that the deeper offsets are checked again."""
+    length = spec.DraftLength(4)
+    length.tried = set(length.candidates)
+    for rows, seconds in {1: 1.0, 3: 1.3, 4: 1.4, 5: 1.6, 7: 1.9, 9: 2.2, 16: 3.0}.items():
+        length.record(rows, seconds)
+    for _ in range(10):
+        length.observe(3, 1, first=True)                          # the answer's start: d=2 kept, d=3 not
+        length.observe(3, 0)                                      # within the answer: nothing kept
+    assert length.best(first=True)[0] == 2 and length.best() == (1, False)
+    ks = [length.prompt_round() for _ in range(length.max_probe)]
+    assert ks.count(4) == 1 and ks.count(3) == length.max_probe - 1
+
+
 def test_a_draft_that_reaches_the_end_is_fed_only_where_this_round_pays():
     """The last round of a short answer: its j drafts stop before the eos the registers foresaw, and the j
     registers after the last of them are still fed (``generate``'s rows, as the replay's): 2j + 1 rows, or (j+1)^2

@@ -215,27 +215,35 @@ class DraftLength:
 
     def prompt_round(self) -> int:
         """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
-        ones). While plain decoding wins they are a probe, fed on the probes' schedule. Where drafting within the
-        answer wins and the prompt's own draft does not, they are fed where that draft pays for their rows in the
-        prompt's forward (:meth:`_prompt_draft_pays`), and every ``max_probe`` prompts, so that its acceptance is
-        checked again: on shortest path's 4-token answers in float32, 3 registers after a 223-token prompt cost
+        ones). While plain decoding wins they are a probe, fed on the probes' schedule (K_max). Where a draft wins,
+        of the answer's start or within the answer, the round after the prompt's feeds the prompt's draft, and the
+        registers fed are those for one offset beyond the longer of the two winning drafts (so that the next round
+        may take a draft one longer, and that offset's acceptance is checked), all K_max - 1 of them every
+        ``max_probe`` prompts. Feeding all of them after every prompt, as until session 35, cost sentence
+        reordering 1.3 % of its decoding live (3 registers after a 30-token prompt: 12 ms, 10 % of its forward,
+        for a round after that fed 1 draft token); one beyond the winning draft read 1.013x / 1.007x that live
+        (benchmarks/RESULTS.md, session 35).
+
+        Where only drafting within the answer wins, the prompt's registers are fed only where their draft pays for
+        their rows in the prompt's forward (:meth:`_prompt_draft_pays`; then the round after starts the in-answer
+        draft itself): on shortest path's 4-token answers in float32, 3 registers after a 223-token prompt cost
         8 ms, 1 % of a prompt's decoding, for a draft kept 5 % of the time (replayed quiet: 0.989x -> 0.994x plain).
-        Session 33 reverted this on two quiet live passes on number sorting (0.962x, 0.965x the chooser without
-        it) that a third pass of the chooser without it did not bear out; in session 35 five quiet passes (number
-        sorting s1 twice and s2, sentence reordering s0 and s2) read 0.996-1.005x the chooser without it, each
-        interval reaching 1 (benchmarks/RESULTS.md)."""
+        Session 33 reverted this gate on two quiet live passes on number sorting (0.962x, 0.965x the chooser
+        without it) that a third pass did not bear out; in session 35 five quiet passes read 0.996-1.005x."""
         if self.fixed is not None:
             return self.fixed
         if not self.hopeful():
             return 1
-        if 1 not in self.cost or self.best(first=True)[0] > 1:
+        if 1 not in self.cost:
             return self.k_max
-        in_answer = self.best()
-        if in_answer[0] > 1:
+        in_answer, first = self.best(), self.best(first=True)
+        if first[0] > 1 or in_answer[0] > 1:
             self.since_prompt_draft += 1
-            if self._prompt_draft_pays(in_answer) or self.since_prompt_draft >= self.max_probe:
+            if self.since_prompt_draft >= self.max_probe:
                 self.since_prompt_draft = 0
                 return self.k_max
+            if first[0] > 1 or self._prompt_draft_pays(in_answer):
+                return min(self.k_max, max(first[0], in_answer[0]) + 1)
             return 1
         if self.since_probe >= self.interval((1, False)):
             self.since_probe = 0
