@@ -95,8 +95,9 @@ class DraftLength:
       after its last fed token every ``probe`` rounds, an interval that doubles (up to ``max_probe``) while the
       choice stays and never lets the probes' rows take more than ``probe_share`` of the time; where not even a
       draft kept whole could pay, no register is fed at all.
-    - The answer's ends: the prompt's registers are fed where their own draft pays for its rows
-      (:meth:`prompt_round`), a round with no draft to feed takes the cheapest count of registers, and a draft
+    - The answer's ends: where a draft wins, the prompt's registers reach one offset beyond the winning draft,
+      and where only in-answer drafting wins they are fed only where their own draft pays for its rows
+      (:meth:`prompt_round`); a round with no draft to feed takes the cheapest count of registers, and a draft
       that reaches the answer's end is priced by the rows its round feeds (:meth:`last_round`).
 
     ``clock``: ``"wall"`` (default, ``time.perf_counter``) or ``"cpu"`` (the thread's CPU time, meaningful with
