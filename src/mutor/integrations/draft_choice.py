@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 
+def _running_mean(old: float, x: float, n: int, floor: float) -> float:
+    """``old`` moved toward ``x``, the ``n``-th value: the mean of the first ``1/floor`` values, then a running
+    average of weight ``floor``."""
+    w = max(1 / n, floor)
+    return (1 - w) * old + w * x
+
+
 @dataclass
 class DraftStats:
     """Counts of one decoding run: ``offered[d]`` drafts for ``x_{e+d}`` reached verification, ``accepted[d]`` kept."""
@@ -260,7 +267,7 @@ class DraftLength:
             return True
         k = in_answer[0]
         extra = self._chain(k, first=True, optimistic=True)[0] - 1
-        start = min(self.seconds(j) for j in range(k, self.k_max + 1))
+        start = self.seconds(self._start_rows(k))
         fed = (self.k_max - 1) * self.prompt_row + self.seconds(self.rows(k, False))
         return fed < start + extra / self.rate(*in_answer)
 
@@ -287,7 +294,7 @@ class DraftLength:
             return self._choose(drafted, False, ends)
         in_answer = self.best()
         if in_answer[0] > 1 and not drafted and not ends:  # no prompt's draft: start the in-answer one
-            return min(range(in_answer[0], self.k_max + 1), key=lambda j: self.seconds(j)), True
+            return self._start_rows(in_answer[0]), True
         if in_answer[0] > 1 and self._chain(2, first=True)[1] < 0.5:
             return in_answer[0], False
         pick = self._choose(drafted, True, ends)
@@ -321,8 +328,13 @@ class DraftLength:
         if best[0] < self.k_max and self._probe_due(best):
             return self.k_max, True                        # registers for every offset after the last fed token
         if best[0] > 1 and not drafted:                    # no draft to feed: 1 token and j-1 registers, j rows
-            return min(range(best[0], self.k_max + 1), key=lambda j: self.seconds(j)), True
+            return self._start_rows(best[0]), True
         return best
+
+    def _start_rows(self, k: int) -> int:
+        """Rows of a round with no draft to feed that starts a K-token draft: the pending token and j-1
+        registers, the cheapest j >= K (in float32 on a CPU 4 rows can cost less than 2)."""
+        return min(range(k, self.k_max + 1), key=self.seconds)
 
     def _probe_due(self, best: tuple[int, bool]) -> bool:
         """Whether a probe is due (then the interval doubles, up to ``max_probe``)."""
@@ -416,8 +428,9 @@ class DraftLength:
         """The measured seconds of the prompt's forward of ``rows`` rows (its registers included): a running
         average of its seconds per row, what a register after the prompt costs."""
         self.prompts += 1
-        per, w = seconds / rows, max(1 / self.prompts, self.smoothing)
-        self.prompt_row = per if self.prompt_row is None else (1 - w) * self.prompt_row + w * per
+        per = seconds / rows
+        self.prompt_row = per if self.prompt_row is None else _running_mean(self.prompt_row, per, self.prompts,
+                                                                            self.smoothing)
 
     def record(self, rows: int, seconds: float) -> None:
         """The measured seconds of a forward of ``rows`` rows (tokens and registers): the first ``warmup`` of
@@ -430,8 +443,8 @@ class DraftLength:
             return
         n -= self.warmup
         seconds /= self._follow_level(rows, seconds)
-        old, w = self.cost.get(rows), max(1 / n, self.smoothing)
-        self.cost[rows] = seconds if old is None else (1 - w) * old + w * min(seconds, 2 * old)
+        old = self.cost.get(rows)
+        self.cost[rows] = seconds if old is None else _running_mean(old, min(seconds, 2 * old), n, self.smoothing)
 
     def level(self) -> tuple[float, float]:
         """``(gain, level)``: the shared speed level used now, the one with the least recent error (the slowest
@@ -451,7 +464,7 @@ class DraftLength:
         for g, lv in self.levels.items():
             e = min(max(seconds / (self.cost[rows] * math.exp(lv[0])) - 1, -0.5), 1.0)   # relative error, half
             lv[2] += 1                                     # to 2x; the mean of the first 50, then weight 0.02
-            lv[1] += max(1 / lv[2], 0.02) * (e * e - lv[1])
+            lv[1] = _running_mean(lv[1], e * e, lv[2], 0.02)
             lv[0] += math.log1p(g * e)
         fold = self.levels[min(self.levels)][0]            # the slowest level goes into the averages
         for lv in self.levels.values():
