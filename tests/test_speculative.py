@@ -504,6 +504,11 @@ def test_an_unknown_clock_is_refused_by_name():
         spec.DraftLength(4, clock="gpu")
 
 
+def test_a_probe_share_of_zero_is_refused_by_name():
+    with pytest.raises(ValueError, match="probe_share must be > 0, not 0"):
+        spec.DraftLength(4, probe_share=0)
+
+
 def test_a_draft_length_chooser_carries_what_it_learned_across_prompts():
     base = make_model("llama")
     model = MuToRModel(base, MuToRConfig(d_max=3))

@@ -115,7 +115,7 @@ class DraftLength:
     CLOCKS = ("wall", "cpu")
 
     def __init__(self, k_max: int, fixed: Optional[int] = None, probe: int = 4, max_probe: int = 64,
-                 memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.005, margin: float = 0.05,
+                 memory: float = 0.95, smoothing: float = 0.05, probe_share: float = 0.001, margin: float = 0.05,
                  optimism: float = 0.5, clock: str = "wall", warmup: int = 0,
                  level_gains: tuple[float, ...] = (0.01, 0.05, 0.2, 0.5, 1.0)):
         if clock not in self.CLOCKS:
@@ -124,6 +124,8 @@ class DraftLength:
         self.k_max, self.fixed, self.memory, self.smoothing, self.margin = k_max, fixed, memory, smoothing, margin
         self.optimism, self.warmup = optimism, warmup
         self.probe, self.min_probe, self.max_probe, self.probe_share = probe, probe, max_probe, probe_share
+        if not probe_share > 0:
+            raise ValueError(f"DraftLength: probe_share must be > 0, not {probe_share!r}")
         if level_gains and (sorted(level_gains) != list(level_gains) or not 0 < level_gains[0] <= level_gains[-1] <= 1):
             raise ValueError(f"DraftLength: level_gains must rise within (0, 1] (or be empty), not {level_gains!r}")
         self.cost: dict[int, float] = {}                   # seconds per forward at level 1, by its number of rows
