@@ -309,7 +309,7 @@ def main(argv=None) -> int:
                     help="draw each forward's cost factor from a recorded load: per-forward times of the same "
                          "decoding quiet and loaded (draft_traces/forward_times/)")
     ap.add_argument("--drift", type=float, default=0.0, help="a load that moves: each forward's cost times exp(x), "
-                    "x <- 0.98 x + N(0, DRIFT) per forward (0.1 read like the live loss of session 23)")
+                    "x <- 0.98 x + N(0, DRIFT) per forward, so that neighbouring forwards share their load (e.g. 0.1)")
     ap.add_argument("--clock", choices=DraftLength.CLOCKS, default="wall", help="what the chooser is told: the "
                     "loaded cost (a wall clock), or the cost without the load (a CPU-time clock, idealised)")
     ap.add_argument("--cold", type=float, default=1.0, help="the first forward of each row count costs this many "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Registers as drafters on a GPU (issue 27): train the evidence plan's GSM-Symbolic MuToR run (SmolLM2-135M,
+# Registers as drafters on a GPU: train the evidence plan's GSM-Symbolic MuToR run (SmolLM2-135M,
 # LoRA r=32, seed 0, 1000 examples, 3 epochs of 125 steps at batch 4 x 2; gsm-smollm2-lora in
 # experiments/evidence/plan.yaml) on the GPU, then measure drafting against plain greedy decoding and
 # transformers' prompt lookup at batch size 1 on the GPU (benchmarks/speculative.py), bf16 then float32.

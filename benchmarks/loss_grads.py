@@ -7,10 +7,10 @@ The shape is a LoRA fine-tune of a 256k-vocabulary model (Gemma 2B: hidden 2048,
 256,000, bf16): the output layer is frozen, the hidden states at the loss rows require grad. Four
 cases, each in a fresh process (``--rounds N``: N times, order alternating), on the same rows:
 
-* ``train/before``, ``eval/before``: what ``mutor.core.loss`` did until 2026-11-23 (commit 720178a),
-  copied verbatim below (:func:`_before_class`): every gradient computed in the forward
-  whatever needs it, ``dL/dhidden`` (N, C), the fp32 ``dL/dweight`` (V, C) and its cast to the
-  weight's dtype, under ``torch.no_grad`` as well, with fresh ``(chunk, V)`` tensors per chunk.
+* ``train/before``, ``eval/before``: the baseline, a chunked loss that computes every gradient
+  (``mutor.core.loss`` of commit 720178a, copied verbatim below, :func:`_before_class`): in the
+  forward, whatever needs them, ``dL/dhidden`` (N, C), the fp32 ``dL/dweight`` (V, C) and its cast to
+  the weight's dtype, under ``torch.no_grad`` as well, with fresh ``(chunk, V)`` tensors per chunk.
 * ``train/after``: ``fused_linear_cross_entropy`` with the weight frozen, forward + backward;
 * ``eval/after``: ``fused_linear_cross_entropy`` under ``torch.no_grad`` (Trainer evaluation).
 
@@ -38,11 +38,12 @@ CASES = ["train/before", "train/after", "eval/before", "eval/after"]
 
 
 def _before_class():
-    """The chunked loss's autograd Function as it was before 2026-11-23 (torch is imported in workers only)."""
+    """The baseline: a chunked loss's autograd Function that computes every gradient (torch is imported in
+    workers only)."""
     import torch
 
     class _FusedLinearCE(torch.autograd.Function):
-        # verbatim mutor.core.loss._FusedLinearCE at commit 720178a (before 2026-11-23)
+        # verbatim mutor.core.loss._FusedLinearCE of commit 720178a
         @staticmethod
         def forward(ctx, hidden, weight, bias, targets, row_weight, softcap, chunk: int):
             N = hidden.shape[0]

@@ -1,13 +1,13 @@
 """Pool repeated drafting measurements of one checkpoint: each decoder's speed against greedy over all of them.
 
-``experiments/evidence/drafting.py`` measures one pass over the prompts; on a quiet CPU two passes of the same
-checkpoint read 2-4 % apart (benchmarks/RESULTS.md, session 31), more than what separates `auto` from greedy
-where registers do not pay. This pools several passes (their ``per_prompt_seconds``, same prompts in the same
+``experiments/evidence/drafting.py`` measures one pass over the prompts; on a quiet two-core VM two passes of the
+same checkpoint can read 2-4 % apart, more than what separates `auto` from greedy where registers do not pay.
+This pools several passes (their ``per_prompt_seconds``, same prompts in the same
 order): per decoder, greedy's seconds over its seconds, summed over every pass, with a 95 % bootstrap interval
 (``benchmarks/timing.py``) that resamples the prompts, each with all its passes (a prompt's passes are not
 independent draws)::
 
-    python -m benchmarks.pool_drafting live/drafting_sr0_*.json
+    python -m benchmarks.pool_drafting PASS1.json PASS2.json PASS3.json     # drafting.py --output, one checkpoint
 """
 
 from __future__ import annotations

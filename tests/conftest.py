@@ -1,4 +1,4 @@
-"""Test-session setup: the repository root (for ``benchmarks``) and this folder (for the shared helpers
+"""pytest setup: the repository root (for ``benchmarks``) and this folder (for the shared helpers
 ``families`` and ``references``) on ``sys.path``, whichever test file runs first or alone."""
 
 import sys

@@ -115,7 +115,7 @@ def packed_batch(seed: int = 0, docs=((6, 2), (5, 0), (7, 3)), rows=2):
 # ----------------------------------------------------------------------------- the family matrix
 # Every further family, one row each: model_type -> (extra config kwargs, attention implementation,
 # what it exercises). Built from transformers' own config class with the tiny shape of `_common`;
-# tests/test_families.py checks both invariants on each (and README "Verified families" lists them).
+# tests/test_families.py checks both invariants on each.
 _MOE = dict(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _MIXED = dict(sliding_window=BIG_WINDOW, layer_types=["sliding_attention", "full_attention"])
 MORE_FAMILIES: dict[str, tuple[dict, str, str]] = {

@@ -1,10 +1,10 @@
-"""Bad input fails fast, as one line naming the problem; runs are guarded and their results loadable (issue 15).
+"""Bad input fails fast, as one line naming the problem; runs are guarded and their results loadable.
 
-Each test reproduces one thing a new user hit: raw tracebacks (YAML syntax, empty data, wrong
-types, truncated weights, an unreachable Hub), late validation (a block checked only after other
-methods trained), a run directory silently mixed with an older run's checkpoints, a resumed run's
-wrong ``train_loss``, an unloadable LoRA run on a random-init base, and the small ones (a short
-run's empty loss curve, hidden curves, a silent ``mutor sample``, 0.0 for absent offsets).
+Each test holds one guarantee a new user relies on: one-line errors instead of raw tracebacks (YAML
+syntax, empty data, wrong types, truncated weights, an unreachable Hub), every block validated before
+any method trains, a run directory never mixed with another run's checkpoints, a resumed run's
+``train_loss`` over the whole run, a LoRA run on a random-init base that loads offline, and the small
+ones (a short run's loss curve, visible curves, a ``mutor sample`` that shows progress, NaN for absent offsets).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_wrong_types_are_named(override, needle, tmp_path, capsys):
 
 def test_every_block_is_validated_before_any_method_trains(tmp_path, monkeypatch):
     """multi_token.d_max=0, or a misspelt training/lora key, fails before the first method trains or
-    the model is built (today: after next_token and mutor trained, or after the model was loaded)."""
+    the model is built."""
     import mutor.run.train as train
 
     def must_not_run(*a, **k):
@@ -104,7 +104,8 @@ def _tiny_model_dir(path: Path) -> Path:
 
 
 def test_jsonl_row_without_the_answer_names_file_row_and_field(tmp_path, capsys):
-    """A row lacking the template's field used to be trained with the text "None" as its answer."""
+    """A row lacking the template's field is refused by file, row and field (else it would train with the
+    text "None" as its answer)."""
     rows = [json.loads(x) for x in (DATA / "gsm8k_tiny.jsonl").read_text().splitlines()][:6]
     del rows[3]["answer"]
     bad = tmp_path / "bad.jsonl"
@@ -210,7 +211,7 @@ def test_output_directory_is_refused_cleared_or_resumed_only_from_the_same_recip
     run = tmp_path / "run"
     with pytest.raises(MutorUserError, match="not empty.*--resume.*--overwrite"):
         _sg(tmp_path, "run")
-    # an old run's checkpoint beside the new one is what --resume used to pick up: --overwrite clears it
+    # another run's checkpoint beside the new one would be picked up by --resume: --overwrite clears it
     stale = run / "checkpoint-600"
     shutil.copytree(run / "checkpoint-2", stale)
     _sg(tmp_path, "run", overwrite=True)
@@ -268,7 +269,8 @@ def test_resumed_run_reports_the_whole_runs_train_loss(tmp_path):
 
 # ---------------------------------------------------------------- LoRA result
 def test_lora_run_on_a_random_init_base_loads_offline(tmp_path, monkeypatch, capsys):
-    """tiny/samsum-lora used to save an adapter with base_model_name_or_path null and no base weights."""
+    """tiny/samsum-lora saves its random-init base beside the adapter and records it as the adapter's base
+    (``base_model_name_or_path``), so the run loads offline."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -300,7 +302,7 @@ def test_lora_run_on_a_random_init_base_loads_offline(tmp_path, monkeypatch, cap
 
 # --------------------------------------------------------------------- smaller
 def test_short_run_logs_its_loss_and_curves_stay_visible(tmp_path):
-    """max_steps < logging_steps used to leave the training-loss panel empty; identical curves hid each other."""
+    """A run shorter than logging_steps still logs its training loss, and identical curves stay visible."""
     from mutor.eval.compare import curves_figure
 
     out = _sg(tmp_path, "short", "method=[next_token,mutor]", "training.logging_steps=50")

@@ -47,7 +47,7 @@ def _row(table: str, method: str) -> str:
 
 
 def test_a_run_with_a_training_and_an_eval_summary_counts_once(tmp_path):
-    """Issue 15 item 2: `mutor compare runs/sg` gave n=2 from one seed-0 run's two summaries."""
+    """A run's training summary and its evaluation's summary are one sample (n=1), not two."""
     _training_summary(tmp_path / "sg" / "mutor", "mutor", 0, 0.25)
     _eval_summary(tmp_path / "sg" / "mutor", "mutor", 0, 0.25)
     table = comparison_table(collect_summaries([str(tmp_path / "sg")]))
@@ -98,7 +98,7 @@ def test_methods_are_never_merged(tmp_path):
 
 
 def test_unknown_metric_is_named(tmp_path, capsys):
-    """Issue 15 item 9: `--metrics foo fd` dropped foo silently."""
+    """`--metrics foo solve_rate` names the metric no summary has, rather than dropping it."""
     _eval_summary(tmp_path / "a", "mutor", 0, 0.5)
     with pytest.raises(MutorUserError, match=r"\['foo'\].*available: \['solve_rate'\]"):
         comparison_table(collect_summaries([str(tmp_path)]), ["foo", "solve_rate"])
@@ -107,8 +107,8 @@ def test_unknown_metric_is_named(tmp_path, capsys):
 
 
 def test_a_variant_run_is_recorded_and_evaluated_under_its_own_name(tmp_path):
-    """Issue 15 item 1: `mutor eval --task run` wrote "method": "mutor" for the runs named mutor_1d and mutor_2d,
-    so `mutor compare` averaged two different methods into one row."""
+    """`mutor eval --task run` records a named variant (mutor_a) under its own name, so `mutor compare` never
+    averages two different methods into one row."""
     from mutor.run.recipe import load_recipe
     from mutor.run.train import run_recipe
 
@@ -136,3 +136,21 @@ def test_recorded_variant_recipe_names_the_variant(tmp_path):
         assert run_info(str(tmp_path / name))["method"] == name
         again = load_recipe(tmp_path / name / "recipe.yaml")
         assert again.for_method(name).to_dict() == {**r.for_method(name).to_dict(), "source_dir": again.source_dir}
+
+
+def test_methods_are_compared_with_next_token_paired_by_seed_by_the_claim_rule(tmp_path):
+    """Below the table, each method minus next_token over the seeds both have: the mean of the per-seed
+    differences with its 95 % t-interval (here 0.1, 0.2, 0.3: mean 0.2, s.d. 0.1, 0.2 ± 4.3027 * 0.1 / sqrt(3) =
+    [-0.05, +0.45]: not shown); one seed is exploratory, with the interval of two rates on its examples."""
+    for seed, (m, nt) in enumerate([(0.5, 0.4), (0.6, 0.4), (0.7, 0.4)]):
+        _eval_summary(tmp_path / f"s{seed}" / "mutor", "mutor", seed, m)
+        _eval_summary(tmp_path / f"s{seed}" / "next_token", "next_token", seed, nt)
+    _eval_summary(tmp_path / "s0" / "other", "other", 0, 0.4)
+    table = comparison_table(collect_summaries([str(tmp_path)]))
+    assert "- mutor minus next_token, star_graph solve_rate: +0.20 [-0.05, +0.45] (3 seeds paired): not shown" in table
+    assert "- other minus next_token, star_graph solve_rate: +0.00 [" in table and "(1 seed paired, 8 examples): " \
+        "exploratory (1 seed)" in table
+    assert _row(table, "mutor").startswith("| mutor | 0.600 ± 0.100 |")         # the table itself is unchanged
+    alone = tmp_path / "alone"
+    _eval_summary(alone / "mutor", "mutor", 0, 0.5)
+    assert "paired by seed" not in comparison_table(collect_summaries([str(alone)]))   # no next_token: no line

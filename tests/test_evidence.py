@@ -1,5 +1,6 @@
 """The evidence harness (experiments/evidence): the shipped plan resolves, the driver runs what is missing
-and skips what is done, resumes a killed run, and the report pairs runs by seed with the claim rule."""
+and skips what is done, resumes a killed run, and the report pairs runs by seed and reads them by the claim rule
+(mutor.eval.claims: three seeds or more and a 95 % interval that excludes 0)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     r = next(r for r in rows if r["run"] == "mutor_s0")
     assert r["steps"] == 4 and r["splits"]["test"]["n"] == 4 and len(r["splits"]["test"]["per_example"]) == 4
     comps = report.comparisons(rows)
-    assert [c["comparison"] for c in comps] == ["mutor - next_token"] and not comps[0]["beyond_2se"]
+    assert [c["comparison"] for c in comps] == ["mutor - next_token"] and not comps[0]["holds"]
 
     # resume: drop the finished summary and the row, as if the process had been killed after step 2
     (mutor_dir / "summary.json").unlink()
@@ -241,7 +242,7 @@ def _row(method: str, seed: int, scores: list[float], losses: list[float]) -> di
             "splits": {"test": {"per_example": scores, "answer_loss_per_example": losses}}}
 
 
-def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_three_seeds():
+def test_report_pairs_by_seed_and_claims_only_an_interval_that_excludes_0_over_three_seeds():
     rows = []
     for seed in range(3):
         nt = [float(i % 2) for i in range(40)]
@@ -249,11 +250,17 @@ def test_report_pairs_by_seed_and_claims_only_beyond_two_standard_errors_over_th
                  _row("mutor", seed, [1.0] * 40, [0.9 + 0.01 * i + 0.001 * seed for i in range(40)])]
     comps = {c["measure"]: c for c in report.comparisons(rows)}
     em, loss = comps["exact match (points)"], comps["answer loss (nats)"]
-    assert em["mean"] == pytest.approx(50.0) and em["seeds"] == 3 and em["beyond_2se"]
-    assert loss["mean"] == pytest.approx(-0.099) and loss["beyond_2se"]
+    assert em["mean"] == pytest.approx(50.0) and em["seeds"] == 3 and em["holds"]
+    # the three seeds agree exactly: the per-example interval (wider) is the one shown, 50 ± t(117) * 50/sqrt(120)
+    from scipy.stats import t
+
+    half = t.ppf(0.975, 117) * 50 * (40 / 39) ** 0.5 / 120 ** 0.5
+    assert em["interval"].source == "examples" and em["interval"].half == pytest.approx(half)
+    assert loss["mean"] == pytest.approx(-0.099) and loss["holds"] and loss["interval"].source == "seeds"
     assert "better than next-token" in report.verdict([loss])
     two = report.comparisons([r for r in rows if r["seed"] < 2])
-    assert not any(c["beyond_2se"] for c in two)        # two seeds never support a claim
+    assert not any(c["holds"] for c in two)             # two seeds never support a claim
+    assert all(report.reading(c) == "exploratory (2 seeds)" for c in two)
 
 
 def test_report_paired_table_names_each_rows_group():
@@ -272,10 +279,10 @@ def test_report_at_a_glance_gives_both_sides_mean_the_difference_and_its_reading
                  _row("mutor", seed, [1.0] * 40, [0.5] * 40)]
     comps = report.comparisons(rows)
     (line,) = report.summary_table(comps).splitlines()[2:]            # exact match only, not the answer loss
-    assert line == "| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 (4.6) | better than next-token beyond 2 s.e. |"
+    assert line == "| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 [+40.8, +59.2] | better than next-token |"
     assert "uninformative (floor)" in report.summary_table(comps, {"g": "at the floor"})
-    one = report.comparisons(rows[:2])                                 # seed 0 alone: no claim, whatever the gap
-    assert report.summary_table(one).splitlines()[2].endswith("| no claim (1 seed; a claim needs 3) |")
+    one = report.comparisons(rows[:2])                                 # seed 0 alone: exploratory, whatever the gap
+    assert report.summary_table(one).splitlines()[2].endswith("| exploratory (1 seed) |")
 
 
 def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_same_seed():
@@ -291,7 +298,7 @@ def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_sa
     assert set(em) == {"mutor - next_token", "next_token (half-lr) - next_token [g]", "next_token (half-lr) - mutor [g]"}
     assert em["next_token (half-lr) - next_token [g]"]["mean"] == pytest.approx(-50.0)
     assert em["next_token (half-lr) - mutor [g]"]["mean"] == pytest.approx(50.0)
-    assert "worse than next_token [g] beyond 2 s.e." in report.verdict([em["next_token (half-lr) - next_token [g]"]])
+    assert "worse than next_token [g]" in report.verdict([em["next_token (half-lr) - next_token [g]"]])
     assert not [c for c in report.comparisons(rows) if c["group"] == "diag"]      # without the plan: no baseline
     shipped = report.references(driver.HERE / "plan.yaml")
     assert shipped["rg-word-reversal-half-lr"] == {"group": "rg-word-reversal", "methods": ["next_token", "mutor"]}
@@ -309,7 +316,7 @@ def test_a_group_also_against_a_tag_compares_its_other_methods_with_that_tagged_
     assert set(em) == {("mutor - next_token", 2), ("next_token (2x-epochs) - next_token", 1),
                        ("mutor - next_token (2x-epochs)", 1)}
     assert em[("mutor - next_token (2x-epochs)", 1)]["mean"] == pytest.approx(-50.0)
-    assert report.reading(em[("mutor - next_token (2x-epochs)", 1)]) == "no claim (1 seed; a claim needs 3)"
+    assert report.reading(em[("mutor - next_token (2x-epochs)", 1)]) == "exploratory (1 seed)"
     assert {c["comparison"] for c in report.comparisons(rows)} == {"mutor - next_token",
                                                                    "next_token (2x-epochs) - next_token"}
     assert report.also_against(driver.HERE / "plan.yaml") == {"gsm-smollm2-lora": ["2x-epochs"]}
@@ -386,7 +393,7 @@ def test_report_writes_the_glance_to_the_readme_and_the_rows_to_a_second_file(tm
     report.main([*args, "--readme", str(readme), str(details)])
     top, rows = readme.read_text(), details.read_text()
     assert "At a glance" in top and "**g** (r; s)" not in top and top.endswith("bottom\n")
-    assert "**g** (r; s)" in rows and "At a glance" not in rows and "Verdict" in rows
+    assert "**g** (r; s)" in rows and "At a glance" not in rows and "Readings" in rows
 
 
 def test_report_refuses_files_none_of_which_has_the_rows_block(tmp_path):

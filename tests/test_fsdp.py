@@ -166,8 +166,8 @@ def _assert_same(a: dict, b: dict, atol: float, rtol: float) -> None:
 def test_two_process_fsdp_checkpoint_equals_one_process_and_resumes(kind, tmp_path):
     _run(tmp_path / "fsdp", kind, fsdp=True)
     _run(tmp_path / "one", kind, fsdp=False)
-    # the worker trained on sharded live parameters (rank 1 holds none of the 1-row register table,
-    # half the rows of a Multi-Token head's weight): what save_pretrained used to write
+    # the worker trained on sharded parameters (rank 1 holds none of the 1-row register table, half the
+    # rows of a Multi-Token head's weight), which save_pretrained must not write as they are
     info = json.loads((tmp_path / "fsdp" / "fsdp_info.json").read_text())
     assert info["is_fsdp2"] and info["param_type"] == "DTensor", info
     assert info["local_rows_rank1"] < info["rows"], info

@@ -173,8 +173,7 @@ def test_tiny_digits_run_lowers_bits_per_token_and_samples(tmp_path, capsys):
 @pytest.mark.parametrize("mode", ["1d", "2d"])
 def test_paper_placement_changes_nothing_on_image_sequences(mode):
     """[class] + codes with every code supervised: registers within the answer (the paper's rule, the default)
-    and the older supervised-target rule place the same registers, so the digits results measured under
-    the older rule (README, experiments/digits) stand as they are."""
+    and the supervised-target rule place the same registers, so image results do not depend on the rule."""
     (x, y), _ = load_digits_split(8)
     ds = ImageTokenDataset(x[:16], y[:16], LAYOUT, class_dropout=0.1, seed=0)
     labels = torch.tensor([ds[i]["labels"] for i in range(16)])

@@ -1,6 +1,6 @@
 """The package's folders are its layers, and imports only go down.
 
-The order below is the design (README, "Layout of the code"); the test reads every import of every
+The order below is the design; the test reads every import of every
 module under ``src/mutor`` (lazy ones inside functions too) and fails on one that goes up or sideways.
 """
 

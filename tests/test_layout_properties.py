@@ -405,7 +405,7 @@ def test_num_registers_sampling_varies_with_seed():
 def test_registers_sit_only_within_the_answer():
     """Paper 3.3 on one prompt/answer row: [p0..p4 | a0..a6], d=3. The official code builds
     [p0..p4, r, a0, r, a1, ...]: the registers follow p4, a0, ..., a3 (each one before an answer token
-    whose successor-at-d is still in the answer). The older rule also placed them after p2 and p3."""
+    whose successor-at-d is still in the answer). ``supervised_target`` also places them after p2 and p3."""
     labels = torch.tensor([[IGN] * 5 + list(range(10, 17))])
     lay = build_layout(labels, MuToRConfig(d_max=3, min_offset=3), offset_index=torch.tensor([0]))
     assert lay.reg_source[0].tolist() == [4, 5, 6, 7, 8]                    # p4, a0..a3

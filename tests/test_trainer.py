@@ -234,7 +234,8 @@ def test_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tmp_path, se
 
 def test_total_flos_counts_the_positions_each_method_runs(tmp_path):
     """total_flos is Trainer's 6 x positions x parameters over what each wrapper runs: next-token's equals a plain
-    Trainer run's, MuToR adds its registers, Multi-Token its heads (it was 0 for every wrapper)."""
+    Trainer run's, MuToR adds its registers, Multi-Token its heads (Trainer alone would report 0 for a wrapper,
+    which is not a PreTrainedModel)."""
     from mutor.methods.next_token import NextTokenConfig
 
     data = _examples()
@@ -333,7 +334,7 @@ def test_bidirectional_next_token_places_no_registers(tmp_path):
              training={**RECIPE["training"], "output_dir": str(tmp_path), "max_steps": 2, "save_steps": 2,
                        "logging_steps": 1})
     out = run_recipe(r, quiet=True)
-    assert out["runs"][0]["parameters"]["added_by_method"] == 0       # NextTokenModel adds nothing (issue 20)
+    assert out["runs"][0]["parameters"]["added_by_method"] == 0       # NextTokenModel adds nothing
     assert "reg_loss" not in out["runs"][0]["train_history"][-1] or \
         out["runs"][0]["train_history"][-1].get("reg_loss") is None
 

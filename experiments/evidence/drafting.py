@@ -1,4 +1,4 @@
-"""Registers as drafters on a trained MuToR checkpoint (issue 25 item 4): acceptance and wall-clock tokens/s.
+"""Registers as drafters on a trained MuToR checkpoint: acceptance and wall-clock tokens/s.
 
 One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
 plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), and through

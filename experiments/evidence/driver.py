@@ -13,9 +13,11 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    the final model on its run's own held-out data instead, one record per example, and keeps the
    evaluations logged during training as the run's curve.
 4. Held-out answer loss of the final model (``experiments/real/heldout_loss.py``), when the group asks.
-5. One JSON row, with per-example scores so that report.py can pair runs, appended to ``results``, and the
-   scored generations gzipped beside it (``generations/<group>/<run>/<split>.jsonl.gz``; committed with the row
-   by ``--commit``, nothing else).
+5. One JSON row, with per-example scores so that report.py can pair runs and the resolved recipe the run was
+   trained with (``resolved_recipe``: the plan's overrides applied to the group's recipe, as ``mutor train``
+   recorded it), appended to ``results``, and the scored generations gzipped beside it
+   (``generations/<group>/<run>/<split>.jsonl.gz``). Nothing is committed to git unless ``--commit`` is given;
+   with it, each row is committed with its generations, and nothing else.
 6. For a MuToR run, when the plan has a ``drafting`` block: its registers as drafters on the selected
    checkpoint (``drafting.py``: acceptance per offset, tokens/s against greedy decoding at batch size 1),
    one row in ``drafting.jsonl`` beside the results file. A run whose main row exists but whose drafting
@@ -27,12 +29,15 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
    row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
 
-A group with a ``stopped`` key (its own rule ended it, e.g. a pilot outside its band) trains no further run;
-its rows stand. A run is claimed by a lock file holding the driver's pid, so two drivers never train the same
-run; a lock whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children,
-and the next start resumes from the last checkpoint.
+A run whose row is already in ``results`` is skipped (only a stage it still owes is taken up again), so the
+driver can be started any number of times; to train and score a committed row again, use ``reproduce.py``,
+which runs these same stages into a scratch directory. ``--results`` and ``--runs-dir`` replace the plan's
+results file and run directory. A group with a ``stopped`` key (its own rule ended it, e.g. a pilot outside its
+band) trains no further run; its rows stand. A run is claimed by a lock file holding the driver's pid, so two
+drivers never train the same run; a lock whose process is gone is taken over. Stop the driver with Ctrl-C or
+``kill PID``: it stops its children, and the next start resumes from the last checkpoint.
 
-    nohup python experiments/evidence/driver.py --slots 2 --threads 1 --commit > runs/evidence.log 2>&1 &
+    nohup python experiments/evidence/driver.py --slots 2 --threads 1 > runs/evidence.log 2>&1 &
     python experiments/evidence/driver.py --list          # the plan and what is done
 """
 
@@ -180,6 +185,19 @@ def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
     last = [h.get("ntp_loss", h.get("loss")) for h in summary["train_history"]
             if ("ntp_loss" in h or "loss" in h) and h["step"] > step - span]
     return round(sum(last) / len(last), 4) if last else None
+
+
+def resolved_recipe(d: Path) -> Optional[dict]:
+    """The recipe a run was trained with, as ``mutor train`` recorded it in the run directory (the group's
+    recipe with the plan's overrides applied), without what depends only on where it ran (the recipe file's
+    folder, the output directory). None when the directory has no recorded recipe."""
+    f = d / "recipe.yaml"
+    if not f.is_file():
+        return None
+    recipe = yaml_load(f.read_text(), str(f))
+    recipe.pop("source_dir", None)
+    (recipe.get("training") or {}).pop("output_dir", None)
+    return recipe
 
 
 # ----------------------------------------------------------------------------- stages
@@ -331,10 +349,11 @@ class Driver:
                 # False when the first recorded process was itself a resume: earlier segments went unrecorded
                 "train_cost_complete": not procs[0]["resumed"],
                 "threads": self.args.threads, "parameters": s.get("parameters"), "precision": s.get("precision"),
-                "clipping": s.get("clipping"), "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "clipping": s.get("clipping"), "resolved_recipe": resolved_recipe(d), "code": commit,
+                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def needs_drafting(self, run: Run) -> bool:
-        """A MuToR run whose drafting row is missing (the plan's ``drafting`` block; issue 25 item 4)."""
+        """A MuToR run whose drafting row is missing (the plan's ``drafting`` block)."""
         return (bool(self.plan.get("drafting")) and run.method == "mutor"
                 and run.key not in done_keys(self.drafting_results))
 
@@ -355,7 +374,7 @@ class Driver:
                 "code": commit, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def needs_first_hop(self, run: Run) -> bool:
-        """A star-graph MuToR run whose first-hop row is missing (the plan's ``first_hop`` block; issue 26)."""
+        """A star-graph MuToR run whose first-hop row is missing (the plan's ``first_hop`` block)."""
         return (bool(self.plan.get("first_hop")) and run.method == "mutor" and run.group["eval"]["task"] == "run"
                 and run.key not in done_keys(self.first_hop_results))
 
@@ -407,14 +426,20 @@ class Driver:
         subprocess.run(["git", "add", *rel], cwd=repo, check=False)
         subprocess.run(["git", "commit", "-q", "-m", message, "--", *rel], cwd=repo, check=False)
 
+    def train_and_score(self, run: Run, d: Path) -> tuple[dict, dict]:
+        """Stages 1-4 for ``run`` in ``d``, each skipped when its output exists: train (or resume), prune,
+        evaluate, held-out answer loss. Returns the evaluation and the answer losses that :meth:`row` turns into
+        the run's row (``reproduce.py`` calls this too, into a scratch directory)."""
+        self.train(run, d)
+        self.prune(run, d)
+        ev = self.evaluate(run, d)
+        return ev, self.answer_loss(run, d)
+
     def pipeline(self, run: Run) -> None:
         d = self.runs_dir / run.group["name"] / run.name
         lock = d.parent / f"{run.name}.lock"
         try:
-            self.train(run, d)
-            self.prune(run, d)
-            ev = self.evaluate(run, d)
-            losses = self.answer_loss(run, d)
+            ev, losses = self.train_and_score(run, d)
             if not self.stopping and run.key not in done_keys(self.results):
                 row = self.row(run, d, ev, losses)
                 self.append(row, extra=tuple(self.keep_generations(row, ev)))
@@ -495,8 +520,8 @@ class Driver:
         return True
 
     def backfill_generations(self, runs: list[Run]) -> int:
-        """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row landed without
-        them (before session 22) and whose evaluation is still on disk; train and measure nothing."""
+        """Keep (and with ``--commit`` commit) the scored generations of finished runs whose row has none kept
+        beside the results file and whose evaluation is still on disk; train and measure nothing."""
         rows = {(r["group"], r["run"]): r for r in load(self.results)}
         for run in runs:
             row = rows.get(run.key)
@@ -560,9 +585,13 @@ def main(argv=None) -> int:
                     help="only runs matching these patterns, e.g. mutor_s0, 'gsm-smollm2-lora/*_s0', 'rg-*/*' (repeatable)")
     ap.add_argument("--slots", type=int, default=2, help="runs side by side (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
-    ap.add_argument("--runs-dir", default=None, help="default: the plan's runs_dir")
-    ap.add_argument("--results", default=None, help="default: the plan's results file")
-    ap.add_argument("--commit", action="store_true", help="git-commit the results file after each row")
+    ap.add_argument("--runs-dir", default=None, help="where run directories go (default: the plan's runs_dir)")
+    ap.add_argument("--results", default=None,
+                    help="the results file rows are appended to and read from (default: the plan's results); "
+                         "drafting.jsonl and first_hop.jsonl go beside it")
+    ap.add_argument("--commit", action="store_true",
+                    help="git-commit each new row (and its generations) in the repository holding the results "
+                         "file; off by default")
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
     ap.add_argument("--redraft", action="store_true",
                     help="measure drafting again with this code on the finished MuToR runs still on disk, train nothing")

@@ -70,7 +70,7 @@ def kind(prediction: str, reference: str, words: bool = False) -> str:
 
 def generations(row: dict, runs_dir: Path, results: Path = HERE / "results.jsonl") -> list[dict]:
     """A run's test generations at its selected checkpoint: the copy kept beside the results file (the driver
-    commits one with each row since session 22), else the run directory's."""
+    writes one with each row), else the run directory's."""
     kept = report.generations_path(results, row["group"], row["run"], "test")
     if kept.is_file():
         with gzip.open(kept, "rt") as f:
@@ -78,7 +78,8 @@ def generations(row: dict, runs_dir: Path, results: Path = HERE / "results.jsonl
     gens = runs_dir / row["group"] / row["run"] / "eval" / row["task"] / row["selected_checkpoint"] / "test" / "generations.jsonl"
     if not gens.is_file():
         raise SystemExit(f"{row['group']}/{row['run']}: neither {kept} nor {gens} exists: is --runs-dir the runs' "
-                         "directory (and the run evaluated)? Rows before session 22 kept their generations only there")
+                         "directory (and the run evaluated)? A row without a kept copy has its generations only there "
+                         "(reproduce.py writes them again into a scratch directory)")
     return [json.loads(x) for x in gens.read_text().splitlines() if x.strip()]
 
 

@@ -1,22 +1,25 @@
-"""The evidence rows (results.jsonl) as the README's tables, a plot and a verdict.
+"""The evidence rows (results.jsonl) as tables, a plot and a reading of each comparison by the claim rule.
 
 Every comparison is paired: a run against next-token of the same group and seed (the same initialisation,
 data and batch order), per example of the same held-out items; a diagnostic group that the plan gives a
 ``reference`` against that group's runs of the methods it names, instead; a group's ``also_against`` tags add
 its tagged next-token runs of those tags as baselines for its other methods (the compute check), and a tagged
-run is also paired with next-token of its own tag where there is one (the same budget). For each seed, the mean
-per-example difference and its standard error; over seeds, the mean of the per-seed differences with two standard
-errors: the seed-to-seed spread (s.d. of the per-seed means / sqrt(seeds), from 3 seeds on) and the
-pooled per-example one. A difference is claimed only when it lies beyond two of the larger of the two;
-fewer than three seeds never support a claim. Exact match is in points (percent), answer loss in nats.
+run is also paired with next-token of its own tag where there is one (the same budget).
 
-    python experiments/evidence/report.py                       # print the tables and the verdict
-    python experiments/evidence/report.py --readme README.md docs/evidence.md \
+The claim rule is :mod:`mutor.eval.claims`, the one the library's reports use too: the mean of the per-seed
+differences with its 95 % t-interval (n - 1 degrees of freedom), or the per-example interval where that is
+wider; a difference is claimed only with three seeds or more and an interval that excludes 0; fewer seeds are
+exploratory. Every comparison is shown with its interval. Exact match is in points (percent), answer loss in
+nats.
+
+    python experiments/evidence/report.py                       # print the tables and the readings
+    python experiments/evidence/report.py --readme docs/evidence.md \
         --plot experiments/evidence/evidence.png --curves experiments/evidence/curves.png
 
 ``--readme`` names the files that hold the generated blocks: each block is written where its markers are (the
-at-a-glance table between the ``GLANCE`` markers, the rows, paired differences and verdict between ``BEGIN`` and
-``END``), so the README can hold the summary and a page under docs/ the rows.
+at-a-glance table between the ``GLANCE`` markers, the rows, paired differences and readings between ``BEGIN`` and
+``END``). The plan's ``tasks`` block lays out the at-a-glance table: each task at every budget it was run,
+side by side.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
+
+from mutor.eval.claims import Interval, decimals, format_interval, paired
+from mutor.eval.claims import reading as claim_reading
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
@@ -67,11 +73,15 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else float("nan"))
 
 
-def runs_table(rows: list[dict]) -> str:
+def runs_table(rows: list[dict], results: Optional[Path] = None) -> str:
+    """One group's runs: per split the score (mean ± s.e. over its examples) and the answer loss, the training
+    loss at the end, the training's CPU time and peak memory; with ``results`` (the results file), which splits'
+    scored answers are committed beside it (``generations/``; the rest are in the run directories only)."""
     splits = sorted({s for r in rows for s in r["splits"]}, key=lambda s: (s != "test", s))
     score = {"accuracy": "EM"}.get(rows[0].get("primary", "accuracy"), rows[0].get("primary"))  # solve_rate ...
     head = ["method", "seed", "epochs", "checkpoint"] + [f"{s} {score} %" for s in splits] + \
-           [f"{s} answer loss" for s in splits] + ["train ntp loss (end)", "train CPU h", "peak GB"]
+           [f"{s} answer loss" for s in splits] + ["train ntp loss (end)", "train CPU h", "peak GB"] + \
+           (["answers committed"] if results else [])
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {"next_token": 0, "multi_token": 1, "mutor": 2}
     for r in sorted(rows, key=lambda r: (r["tag"], order.get(r["method"], 9), r["seed"])):
@@ -86,6 +96,9 @@ def runs_table(rows: list[dict]) -> str:
         partial = r.get("train_cost_complete") is False          # segments before the first recorded one are missing
         cells += [str(r.get("train_ntp_loss_last") or "-"),
                   (">= " if partial else "") + f"{r['train_cpu_seconds'] / 3600:.2f}", str(r["peak_rss_gb"])]
+        if results:
+            kept = [s for s in splits if generations_path(results, r["group"], r["run"], s).is_file()]
+            cells.append("all" if kept == [s for s in splits if s in r["splits"]] else ", ".join(kept) or "no")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -100,13 +113,17 @@ def _per(r: dict, split: str, key: str):
 
 
 def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optional[dict] = None) -> list[dict]:
-    """Each run against next-token of the same group and seed; per seed, then pooled over seeds. A diagnostic
-    group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``, :func:`references`)
-    is compared with that group's untagged runs of those methods instead, same seed and held-out items. A group
-    with ``also_against`` (``{group: [tag, ...]}``, :func:`also_against`) compares each of its untagged runs
-    but next-token's with its tagged next-token runs of those tags and the same seed too (the compute check: MuToR
-    against next-token trained for as many tokens). A tagged run is compared with next-token of the same
-    tag and seed too, where there is one (MuToR trained for 6 epochs against next-token trained for 6)."""
+    """Each run against next-token of the same group and seed; per seed, then over seeds by the claim rule. A
+    diagnostic group that the plan gives a ``reference`` (``{group: {"group": ..., "methods": [...]}}``,
+    :func:`references`) is compared with that group's untagged runs of those methods instead, same seed and
+    held-out items. A group with ``also_against`` (``{group: [tag, ...]}``, :func:`also_against`) compares each
+    of its untagged runs but next-token's with its tagged next-token runs of those tags and the same seed too (the
+    compute check: MuToR against next-token trained for as many tokens). A tagged run is compared with next-token
+    of the same tag and seed too, where there is one (MuToR trained for 6 epochs against next-token trained for 6).
+
+    Each comparison: ``mean`` and ``interval`` (:func:`mutor.eval.claims.paired` of the per-example differences
+    of each seed), ``holds`` (the rule claims it), ``per_seed`` (seed, mean difference, its per-example s.e.,
+    examples), ``scores`` (seed, the run's mean, the baseline's mean)."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
     tagged = defaultdict(list)                     # (group, tag, seed) -> runs: a tag may name runs of several methods
     for r in rows:
@@ -133,79 +150,102 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
     out = []
     for (group, name, baseline, split, measure), seeds in sorted(by.items()):
         seeds = sorted(seeds)
-        per_seed = [(sd, *_mean_se(d), len(d)) for sd, d, _, _ in seeds]
-        means = [m for _, m, _, _ in per_seed]
-        pooled_mean, pooled_se = _mean_se([x for _, d, _, _ in seeds for x in d])
-        k = len(means)
-        seed_se = _mean_se(means)[1] if k >= 3 else float("nan")
-        mean = sum(means) / k
-        se = max(pooled_se, seed_se) if k >= 3 else pooled_se
-        claim = k >= 3 and abs(mean) > 2 * se
+        iv = paired(per_example=[d for _, d, _, _ in seeds])
         out.append({"group": group, "comparison": f"{name} - {baseline}", "baseline": baseline, "split": split,
-                    "measure": measure,
-                    "per_seed": per_seed, "mean": mean, "pooled_se": pooled_se, "seed_se": seed_se, "se": se,
-                    "scores": [(sd, x, y) for sd, _, x, y in seeds],     # per seed: the run's and the baseline's mean
-                    "seeds": k, "beyond_2se": claim})
+                    "measure": measure, "per_seed": [(sd, *_mean_se(d), len(d)) for sd, d, _, _ in seeds],
+                    "mean": iv.mean, "interval": iv, "holds": iv.holds, "seeds": iv.seeds,
+                    "scores": [(sd, x, y) for sd, _, x, y in seeds]})     # per seed: the run's and the baseline's mean
     return out
 
 
+def _higher_is_better(c: dict) -> bool:
+    return "loss" not in c["measure"]
+
+
+def _interval(c: dict) -> str:
+    """The comparison's mean with its 95 % interval, in the digits the interval supports."""
+    return format_interval(c["interval"])
+
+
 def comparison_table(comps: list[dict]) -> str:
-    """One row per group, comparison, split and measure (the group first: many groups compare the same methods)."""
-    out = ["| group | comparison | split | measure | per seed: difference ± s.e. | mean | s.e. (pooled / seeds) | "
-           "beyond 2 s.e. |", "|---|---|---|---|---|---|---|---|"]
+    """One row per group, comparison, split and measure (the group first: many groups compare the same methods):
+    each seed's mean difference, the mean over seeds with its 95 % interval, which interval is shown (the
+    t-interval over seeds or the per-example one, the wider) and the reading by the claim rule."""
+    out = ["| group | comparison | split | measure | seeds | per seed | mean [95 % interval] | interval from | "
+           "reading |", "|---|---|---|---|---|---|---|---|---|"]
     for c in comps:
-        per = "; ".join(f"s{sd}: {m:+.3f} ± {se:.3f}" for sd, m, se, _ in c["per_seed"])
-        seed_se = "-" if math.isnan(c["seed_se"]) else f"{c['seed_se']:.3f}"
-        verdict = "yes" if c["beyond_2se"] else ("no" if c["seeds"] >= 3 else f"no claim ({c['seeds']} seed"
-                                                                            f"{'s' if c['seeds'] > 1 else ''})")
-        out.append(f"| {c['group']} | {c['comparison']} | {c['split']} | {c['measure']} | {per} | {c['mean']:+.3f} | "
-                   f"{c['pooled_se']:.3f} / {seed_se} | {verdict} |")
+        d = decimals(c["interval"].half)
+        per = ", ".join(f"{m:+.{d}f}" for _, m, _, _ in c["per_seed"])
+        out.append(f"| {c['group']} | {c['comparison']} | {c['split']} | {c['measure']} | {c['seeds']} | {per} | "
+                   f"{_interval(c)} | {c['interval'].source or '-'} | {reading(c)} |")
     return "\n".join(out)
 
 
 def reading(c: dict) -> str:
-    """A comparison in words, by the claim rule: better, worse, no difference shown, or no claim (fewer than three
-    seeds: more may be declared and running, or the plan asks for one, as for Multi-Token on math)."""
-    if c["seeds"] < 3:
-        return f"no claim ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''}; a claim needs 3)"
-    if not c["beyond_2se"]:
-        return "no difference shown (within 2 s.e.)"
-    better = c["mean"] < 0 if "loss" in c["measure"] else c["mean"] > 0
+    """A comparison in words, by the claim rule (:func:`mutor.eval.claims.reading`): better or worse than the
+    baseline, not shown (the interval includes 0), or exploratory (fewer than three seeds)."""
     than = "next-token" if c["baseline"] == "next_token" else c["baseline"]
-    return ("better" if better else "worse") + f" than {than} beyond 2 s.e."
+    return claim_reading(c["interval"], _higher_is_better(c), than)
 
 
 def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
-    """One line per comparison and split: better, worse or no difference shown, in words; for a group the plan
-    marks ``uninformative`` (its runs learned nothing a comparison could tell apart), the reason after it."""
+    """One line per comparison and split: its mean with the 95 % interval and the reading, in words; for a group
+    the plan marks ``uninformative`` (its runs learned nothing a comparison could tell apart), the reason after it."""
     lines = []
     for c in comps:
         reason = (uninformative or {}).get(c["group"])
-        lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {c['mean']:+.3f} "
-                     f"(s.e. {c['se']:.3f}): {reading(c)}" + (f"; **uninformative**: {reason}" if reason else ""))
+        lines.append(f"- {c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {_interval(c)}: "
+                     f"{reading(c)}" + (f"; **uninformative**: {reason}" if reason else ""))
     return "\n".join(lines)
 
 
+def _means(c: dict) -> tuple[float, float]:
+    """The baseline's and the run's mean over the seeds paired."""
+    return (sum(y for _, _, y in c["scores"]) / len(c["scores"]), sum(x for _, x, _ in c["scores"]) / len(c["scores"]))
+
+
 def summary_table(comps: list[dict], uninformative: Optional[dict] = None) -> str:
-    """At a glance: each comparison on its group's primary score (exact match, a star graph's solve rate), in the
-    order given: both sides' mean over the seeds paired, the paired difference with its s.e., and its reading
+    """Every comparison on its group's primary score (exact match, a star graph's solve rate), in the order
+    given: both sides' mean over the seeds paired, the paired difference with its 95 % interval, and its reading
     (an uninformative group's reading says so); answer losses stay in the full table."""
-    out = ["| group | split | comparison | seeds | baseline % | run % | difference (s.e.) | reading |",
+    out = ["| group | split | comparison | seeds | baseline % | run % | difference [95 % interval] | reading |",
            "|---|---|---|---|---|---|---|---|"]
     for c in comps:
         if "loss" in c["measure"]:
             continue
-        base = sum(y for _, _, y in c["scores"]) / len(c["scores"])
-        run = sum(x for _, x, _ in c["scores"]) / len(c["scores"])
+        base, run = _means(c)
         what = "uninformative (floor)" if (uninformative or {}).get(c["group"]) else reading(c)
         out.append(f"| {c['group']} | {c['split']} | {c['comparison']} | {c['seeds']} | {base:.1f} | {run:.1f} | "
-                   f"{c['mean']:+.1f} ({c['se']:.1f}) | {what} |")
+                   f"{_interval(c)} | {what} |")
+    return "\n".join(out)
+
+
+def task_table(comps: list[dict], tasks: list[dict], uninformative: Optional[dict] = None,
+               method: str = "mutor") -> str:
+    """Each task at every budget it was run, side by side (the plan's ``tasks`` block, in its order): the seeds
+    paired, next-token's and the method's mean, the method minus next-token with its 95 % interval, and the
+    reading. An entry names its ``group``, ``task`` and ``budget``, and optionally the ``split`` (default
+    ``test``) and the ``comparison`` (default ``"<method> - next_token"``); an entry of ``method`` ``mutor`` with
+    its own comparison is left out of another method's table. Entries without a matching comparison are left out."""
+    primary = {(c["group"], c["comparison"], c["split"]): c for c in comps if "loss" not in c["measure"]}
+    name = {"mutor": "MuToR", "multi_token": "Multi-Token"}.get(method, method)
+    out = [f"| task | budget | seeds | next-token % | {name} % | {name} − next-token, points [95 % interval] | "
+           "reading |", "|---|---|---|---|---|---|---|"]
+    for t in tasks:
+        if "comparison" in t and method != "mutor":
+            continue
+        c = primary.get((t["group"], t.get("comparison", f"{method} - next_token"), t.get("split", "test")))
+        if c is None:
+            continue
+        base, run = _means(c)
+        what = "uninformative (constant-answer floor)" if (uninformative or {}).get(c["group"]) else reading(c)
+        out.append(f"| {t['task']} | {t['budget']} | {c['seeds']} | {base:.1f} | {run:.1f} | {_interval(c)} | {what} |")
     return "\n".join(out)
 
 
 def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> None:
-    """Paired differences per comparison: blue with three seeds, grey with fewer; an uninformative group's
-    label says so."""
+    """Paired differences per comparison with their 95 % intervals: blue with three seeds or more, grey with
+    fewer (exploratory); an uninformative group's label says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -220,14 +260,16 @@ def plot(comps: list[dict], path: str, uninformative: Optional[dict] = None) -> 
         labels = [f"{c['group']}: {c['comparison']} [{c['split']}]"
                   + (" (uninformative)" if c["group"] in (uninformative or {}) else "") for c in cs]
         for i, c in enumerate(cs):
-            ax.errorbar(c["mean"], i, xerr=2 * c["se"], fmt="o", color="C0" if c["seeds"] >= 3 else "0.6", capsize=3)
+            iv: Interval = c["interval"]
+            err = [[iv.mean - iv.low], [iv.high - iv.mean]] if iv.source else None
+            ax.errorbar(iv.mean, i, xerr=err, fmt="o", color="C0" if not iv.exploratory else "0.6", capsize=3)
             for sd, m, _, _ in c["per_seed"]:
                 ax.plot(m, i, "x", color="C1", ms=4)
         ax.axvline(0, color="k", lw=0.6)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(labels, fontsize=7)
         ax.invert_yaxis()                                                          # read top-down
-        ax.set_xlabel(f"difference in {measure}\n(o: mean ± 2 s.e., x: seeds)")
+        ax.set_xlabel(f"difference in {measure}\n(o: mean with its 95 % interval, grey: fewer than 3 seeds; x: seeds)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -278,9 +320,16 @@ def curves(rows: list[dict], path: str) -> bool:
     return True
 
 
-def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = None) -> str:
-    """The at-a-glance table with its caption: every comparison of ``comps`` (:func:`comparisons` of ``rows``) on
-    its primary score, groups in the rows' order."""
+def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = None,
+           tasks: Optional[list[dict]] = None) -> str:
+    """The at-a-glance table with its caption: with the plan's ``tasks`` block, MuToR against next-token for each
+    task at every budget it was run (:func:`task_table`); without one, every comparison of ``comps``
+    (:func:`comparisons` of ``rows``) on its primary score, groups in the rows' order."""
+    if tasks:
+        return ("MuToR against next-token, each task at every budget it was run; the mean over the seeds paired, "
+                "the difference with its 95 % interval, read by the claim rule (fewer than three seeds: "
+                "exploratory; an uninformative task scores at its constant-answer floor):\n\n"
+                + task_table(comps, tasks, uninformative))
     order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
     comps = sorted(comps, key=lambda c: order[c["group"]])                      # stable within a group
     return ("At a glance: each comparison on its group's primary score, the mean over the seeds paired (per-run "
@@ -289,24 +338,32 @@ def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = 
 
 
 def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None,
-             with_glance: bool = True, comps: Optional[list[dict]] = None) -> str:
-    """The rows as markdown: the at-a-glance table (unless ``with_glance`` is off: the README holds it apart),
-    each group's runs, the paired differences and the verdict; ``comps``: :func:`comparisons` of the rows, when
-    the caller has them already."""
+             with_glance: bool = True, comps: Optional[list[dict]] = None, tasks: Optional[list[dict]] = None,
+             results: Optional[Path] = None) -> str:
+    """The rows as markdown: the at-a-glance table (unless ``with_glance`` is off: a file holds it apart), with the
+    plan's ``tasks`` the same table for Multi-Token, each group's runs, the paired differences and their readings;
+    ``comps``: :func:`comparisons` of the rows, when the caller has them already; ``results``: the results file,
+    whose committed answers the runs' tables mark (:func:`runs_table`)."""
     parts = []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
-        parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g)}")
+        parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g, results)}")
     comps = comparisons(rows, references) if comps is None else comps
     if not comps:
         parts.append("No paired comparison yet: no run of another method has a next-token run of the same group "
                      "and seed beside it.")
         return "\n\n".join(parts)
+    if tasks:
+        multi = task_table(comps, tasks, uninformative, method="multi_token")
+        if len(multi.splitlines()) > 2:
+            parts.insert(0, "Multi-Token against next-token, each task at every budget it was run (as the "
+                            "at-a-glance table for MuToR):\n\n" + multi)
     if with_glance:
-        parts.insert(0, glance(rows, comps, uninformative))
+        parts.insert(0, glance(rows, comps, uninformative, tasks))
     parts.append("Paired differences against next-token (same seed, same held-out examples; a diagnostic group against "
-                 "the runs of its reference group named in brackets):\n\n" + comparison_table(comps))
-    parts.append("Verdict, generated from the rows:\n\n" + verdict(comps, uninformative))
+                 "the runs of its reference group named in brackets), each with its 95 % interval (from the seeds or "
+                 "the examples, the wider) and its reading by the claim rule:\n\n" + comparison_table(comps))
+    parts.append("Readings, generated from the rows:\n\n" + verdict(comps, uninformative))
     return "\n\n".join(parts)
 
 
@@ -324,7 +381,7 @@ def drafting_table(drafts: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in drafts:
         timing = "interleaved" if d.get("timing") else "one decoder after another"
-        if (d.get("machine") or {}).get("others_cpu_cores") is not None:       # recorded since session 30
+        if (d.get("machine") or {}).get("others_cpu_cores") is not None:       # in the rows that record it
             timing += f" ({d['machine']['others_cpu_cores']:.1f})"
         again = d.get("retrained")                                             # driver.py --redraft --retrain
         run = d["run"] + ("" if not again else " (trained again)" if again["reproduced"] else " (trained again, NOT the row's weights)")
@@ -368,6 +425,12 @@ def references(plan: Path) -> dict:
             ref = {"group": ref, "methods": ["next_token"]} if isinstance(ref, str) else ref
             out[g["name"]] = {"group": ref["group"], "methods": list(ref.get("methods", ["next_token"]))}
     return out
+
+
+def tasks(plan: Path) -> list[dict]:
+    """The plan's ``tasks`` block: how the at-a-glance table lays out each task at every budget it was run
+    (:func:`task_table`); empty when the plan has none."""
+    return list(_plan(plan).get("tasks") or [])
 
 
 def also_against(plan: Path) -> dict:
@@ -420,7 +483,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
-                    help="its `uninformative` groups are marked, its groups' `reference` and `also_against` followed")
+                    help="its `uninformative` groups are marked, its groups' `reference` and `also_against` followed, its "
+                         "`tasks` block lays out the at-a-glance table")
     ap.add_argument("--readme", nargs="+", default=[], metavar="FILE",
                     help=f"write the generated blocks where these files mark them: the rows between {BEGIN} and "
                          f"{END} (one file must have them), the at-a-glance table between {GLANCE[0]} and "
@@ -432,19 +496,19 @@ def main(argv=None) -> int:
     if not rows:
         print(f"{args.results}: no rows yet")
         return 0
-    marked, refs = _uninformative(args.plan), references(args.plan)
+    marked, refs, layout = _uninformative(args.plan), references(args.plan), tasks(args.plan)
     texts = {Path(f): Path(f).read_text() for f in args.readme}
     if texts and not any(marks(t) for t in texts.values()):
         raise SystemExit(f"none of {', '.join(map(str, texts))} has a {BEGIN} ... {END} block")
     apart = any(marks(t, *GLANCE) for t in texts.values())     # the summary has a place of its own
     comps = comparisons(rows, refs, also_against(args.plan))  # the tables, the glance and the plot share them
-    md = markdown(rows, marked, refs, with_glance=not apart, comps=comps)
+    md = markdown(rows, marked, refs, with_glance=not apart, comps=comps, tasks=layout, results=args.results)
     # a run measured again (newer drafting code) is reported by its latest row
     drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
     if drafts:
         md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
                "the first test prompts, batch size 1, one thread, greedy and drafting in one process, beside the "
-               "training runs unless the timing column shows other processes' CPU near 0 (recorded since session 30; "
+               "training runs unless the timing column shows other processes' CPU near 0 (where the row records it; "
                "1-2 cores: beside one or two trainings); K=1 is plain decoding on the drafting code path, K=auto picks "
                "each round's draft length and whether registers follow every fed token or the last one only; x greedy "
                "is the ratio of tokens per second; a run measured again (newer drafting code, a quiet machine; trained "
@@ -465,13 +529,13 @@ def main(argv=None) -> int:
     for path, text in texts.items():                           # each block where its markers are
         new = text
         if marks(text, *GLANCE):
-            new = replace_between(new, glance(rows, comps, marked), *GLANCE)
+            new = replace_between(new, glance(rows, comps, marked, layout), *GLANCE)
         if marks(text):
             new = replace_between(new, md)
         if new != text:
             path.write_text(new)
     if args.plot:
-        # the method comparisons; a diagnostic group's (tables and verdict above) would set the scale
+        # the method comparisons; a diagnostic group's (tables and readings above) would set the scale
         plot([c for c in comps if c["group"] not in refs], args.plot, marked)
     if args.curves and not curves(rows, args.curves):
         print(f"no run with evaluations during training yet: {args.curves} not written")

@@ -5,11 +5,13 @@
 #
 #   experiments/evidence/start.sh --slots 2 --threads 1                       # everything missing, in plan order
 #   experiments/evidence/start.sh --only 'gsm-smollm2-lora/*_s1' --only 'rg-*/*'
+#   experiments/evidence/start.sh --commit                                    # and git-commit each new row
 #
 # The driver runs from $FROZEN (default: a git worktree of HEAD beside the repository), so that code edited
-# meanwhile never changes a run under way; result rows go to this checkout's results file (committed with
-# --commit, on by default here) and run directories to $RUNS (default: runs/evidence). Stop it with
-# `kill PID` (printed): it stops its children, and the next start resumes from the last checkpoints.
+# meanwhile never changes a run under way; result rows go to this checkout's results file and run directories
+# to $RUNS (default: runs/evidence). Nothing is committed unless --commit is given: then each new row and its
+# generations are committed in this checkout, nothing else. Stop the driver with `kill PID` (printed): it stops
+# its children, and the next start resumes from the last checkpoints.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -25,6 +27,6 @@ FROZEN="${FROZEN:-$(dirname "$REPO")/evidence-$(git rev-parse --short HEAD)}"
 RUNS="${RUNS:-$REPO/runs/evidence}"
 mkdir -p "$RUNS"
 cd "$FROZEN"
-PYTHONPATH="$FROZEN/src" nohup python experiments/evidence/driver.py --commit \
+PYTHONPATH="$FROZEN/src" nohup python experiments/evidence/driver.py \
   --results "$REPO/experiments/evidence/results.jsonl" --runs-dir "$RUNS" "$@" >> "$RUNS/driver.log" 2>&1 &
 echo "driver pid $! from $FROZEN (log: $RUNS/driver.log)"

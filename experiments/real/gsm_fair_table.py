@@ -1,4 +1,4 @@
-"""The SmolLM2 / gsm_symbolic comparison re-run with separate clipping and bf16 (issue 24): tables and figures.
+"""The SmolLM2 / gsm_symbolic comparison with separate clipping and bf16: tables and figures.
 
 Reads every run directory ``RUNS/<method>_s<seed>_<precision>_<clip>`` written by ``run_gsm_fair.sh``
 (``summary.json`` with every step logged, the two ``mutor eval`` summaries, ``/usr/bin/time -v`` output,

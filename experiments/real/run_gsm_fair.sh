@@ -1,5 +1,5 @@
 #!/bin/bash
-# One run of the re-run SmolLM2 / gsm_symbolic comparison (issue 24: fair clipping, bf16): train, evaluate,
+# One run of the SmolLM2 / gsm_symbolic comparison with separate clipping and bf16: train, evaluate,
 # held-out loss. Same budget as run_gsm.sh (100 steps x batch 8 on 800 examples, bidirectional prefix,
 # LoRA r=32, 1 thread so two runs go side by side), plus a precision and a clipping choice:
 #   usage: experiments/real/run_gsm_fair.sh METHOD SEED PRECISION [CLIP] [OUT]

@@ -6,7 +6,7 @@ Runs ``mutor.run.train.run_recipe("base.yaml", overrides)`` (base.yaml: the defa
 TensorBoard under /work/exp/sg/NAME (or $SG_OUT/NAME), then appends one JSON line per method to
 ``experiments/star_graph/results.jsonl``: the overrides, steps, wall time, the final and best
 held-out solve rate / first hop, and the whole evaluation history (small). ``--resume``
-continues a run from its checkpoints (long runs span several sessions).
+continues a run from its checkpoints (a long run can be stopped and started again).
 """
 
 from __future__ import annotations

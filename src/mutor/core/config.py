@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Optional, TypeVar
 
 SIDECAR_CONFIG = "mutor_config.json"
 
 PREFIX_ATTENTION = ("causal", "bidirectional")
 
+_Config = TypeVar("_Config", bound="JsonConfig")
 
-def check_prefix_attention(value, owner: str) -> str:
-    """The one check of ``prefix_attention``, wherever it is given (every method's config, a recipe, decoding)."""
+
+def check_prefix_attention(value: str, owner: str) -> str:
+    """The one check of ``prefix_attention``, wherever it is given (every method's config, a recipe, decoding).
+
+    Args:
+        value: The value given.
+        owner: Where it was given, to name in the message (e.g. ``"MuToRConfig.prefix_attention"``).
+
+    Returns:
+        ``value``, when it is ``"causal"`` or ``"bidirectional"``.
+
+    Raises:
+        ValueError: Any other value.
+    """
     if value not in PREFIX_ATTENTION:
         raise ValueError(f"{owner}: must be causal or bidirectional (causal: ordinary causal attention; "
                          f"bidirectional: prompt tokens attend to the whole prompt), got {value!r}")
@@ -27,10 +40,22 @@ class JsonConfig:
     """``to_dict`` / ``from_dict`` (unknown fields named) / ``to_json_string`` for a method's config dataclass."""
 
     def to_dict(self) -> dict:
+        """Every field by name (what the checkpoint's sidecar config file holds)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict):
+    def from_dict(cls: type[_Config], data: dict) -> _Config:
+        """The config of ``data``, checked as on construction.
+
+        Args:
+            data: Field values by name, e.g. a sidecar config file read back.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: ``data`` names a field this config does not have, or a value is out of range.
+        """
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -38,18 +63,60 @@ class JsonConfig:
         return cls(**data)
 
     def to_json_string(self) -> str:
+        """:meth:`to_dict` as indented JSON with sorted keys and a final newline."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def task_fields(cls, options: dict, task_settings: Optional[dict]) -> dict:
-        """What the task decides in this config, given the user's ``options``: by default each of the task's
-        settings (e.g. an image task's ``grid_width``) that this config has a field for. ``task_settings`` None:
-        the task is not built yet (a recipe checked on loading)."""
+        """What the task decides in this config, given the user's ``options``.
+
+        Args:
+            options: The method's options from the recipe.
+            task_settings: Settings the built task gives its method configs (e.g. an image task's
+                ``grid_width``); None: the task is not built yet (a recipe checked on loading).
+
+        Returns:
+            The fields to set from the task: by default each of the task's settings that this config has a
+            field for.
+        """
         return {k: v for k, v in (task_settings or {}).items() if k in cls.__dataclass_fields__}
 
 
 @dataclass
 class MuToRConfig(JsonConfig):
+    """Configuration of the MuToR objective: which offsets registers predict, where they sit, and how much
+    their loss weighs. Validated on construction.
+
+    The loss is ``(1 - loss_weight) * L_ntp + loss_weight * L_reg``. Each sequence draws one offset d; a
+    register placed after ``x_t`` predicts ``x_{t+d}``. ``loss_chunk_size`` and ``attention`` are arguments
+    of :class:`~mutor.MuToRModel`, not fields here: they change how the loss is computed, not what is learned.
+
+    Args:
+        d_max: Largest prediction offset d; d is drawn uniformly per sequence from ``min_offset..d_max``.
+        min_offset: Smallest offset d. 1 lets registers predict the next token too; the star-graph recipes
+            use 2 so that registers never learn the next-token shortcut.
+        loss_weight: The register loss's weight a, in [0, 1).
+        num_registers: None: a register at every eligible position. An int n: n registers per sequence at
+            eligible positions drawn at random (all of them if fewer are eligible).
+        register_placement: ``"within_answer"`` (the paper's rule): a register follows ``x_t`` only when
+            ``x_{t+1}`` and its target ``x_{t+d}`` are supervised, so no register sits in the prompt.
+            ``"supervised_target"``: after every ``x_t`` whose target is supervised, the last d-1 prompt tokens
+            included. The two coincide when every token is supervised (pretraining, images).
+        register_embedding: ``"shared"``: one learnable register vector for every offset (the paper's
+            default); ``"per_offset"``: one per offset choice.
+        prefix_attention: ``"causal"``: ordinary causal attention; ``"bidirectional"``: prompt tokens attend to
+            the whole prompt (the paper's fine-tuning setting, for every method).
+        d_max_2d: 2D offsets for raster-ordered image tokens: ``(d_h, d_w)`` drawn from ``{1..d_max_2d}^2``
+            without (1, 1). None: 1D offsets.
+        grid_width: Tokens per raster row of the image grid; 2D mode only.
+        grid_start: 2D mode: position of the first grid token (the conditioning tokens before the image, e.g. 1
+            for a class token). Registers are placed after grid tokens only.
+        seed: Seed of a private generator for offsets and register placement. None: torch's global RNG.
+
+    Raises:
+        ValueError: A field out of range, or a 1D knob (``d_max``, ``min_offset``) changed in 2D mode.
+    """
+
     d_max: int = field(
         default=4,
         metadata={"help": "Largest prediction offset d: a register after x_t predicts x_{t+d}, "
@@ -160,6 +227,7 @@ class MuToRConfig(JsonConfig):
     # ------------------------------------------------------------------ offsets
     @property
     def is_2d(self) -> bool:
+        """Whether offsets are 2D (``d_max_2d`` is set)."""
         return self.d_max_2d is not None
 
     def offset_choices(self) -> list[tuple[int, ...]]:
@@ -184,5 +252,6 @@ class MuToRConfig(JsonConfig):
 
     @property
     def num_register_embeddings(self) -> int:
+        """Rows of the register embedding: 1 when shared, else one per offset choice."""
         return 1 if self.register_embedding == "shared" else len(self.offset_choices())
 

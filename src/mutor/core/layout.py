@@ -56,34 +56,59 @@ IGNORE_INDEX = -100
 
 @dataclass
 class RegisterLayout:
-    """Per-token tensors of one batch; B rows, T regular tokens, R register slots."""
+    """Where the registers of one batch go, as per-token tensors (built by :func:`build_layout`).
 
-    position_ids: torch.Tensor   # (B, L) position id of every token, registers included
-    doc_ids: torch.Tensor        # (B, L) document id; -1 for padding and empty slots
-    limit: torch.Tensor          # (B, L) last regular index a token may attend to
-    key_ok: torch.Tensor         # (B, L) may others attend to this token (regular, non-padding)
-    ntp_labels: torch.Tensor     # (B, T) shifted next-token labels, as transformers shifts them
-    reg_source: torch.Tensor     # (B, R) index t of the regular token each register follows
-    reg_labels: torch.Tensor     # (B, R) target token id, IGNORE_INDEX on empty slots
-    reg_choice: torch.Tensor     # (B, R) index into config.offset_choices() of each register
-    reg_valid: torch.Tensor      # (B, R) slot holds a real register
-    offset_index: torch.Tensor   # (B,) offset choice sampled for each row
+    B rows of T regular tokens followed by R register slots, L = T + R tokens in all; R is the largest register
+    count of a row, and shorter rows have empty slots. The attention rule these tensors define is in the
+    module's docstring.
+
+    Attributes:
+        position_ids: (B, L) position id of every token, registers included.
+        doc_ids: (B, L) document id; -1 for padding and empty slots.
+        limit: (B, L) the last regular index a token may attend to.
+        key_ok: (B, L) whether other tokens may attend to this one (regular, not padding).
+        ntp_labels: (B, T) next-token labels, shifted as transformers shifts them.
+        reg_source: (B, R) index t of the regular token each register follows.
+        reg_labels: (B, R) each register's target token id; -100 on empty slots.
+        reg_choice: (B, R) each register's offset, as an index into ``config.offset_choices()``.
+        reg_valid: (B, R) whether the slot holds a register.
+        offset_index: (B,) the offset choice of each row.
+    """
+
+    position_ids: torch.Tensor
+    doc_ids: torch.Tensor
+    limit: torch.Tensor
+    key_ok: torch.Tensor
+    ntp_labels: torch.Tensor
+    reg_source: torch.Tensor
+    reg_labels: torch.Tensor
+    reg_choice: torch.Tensor
+    reg_valid: torch.Tensor
+    offset_index: torch.Tensor
 
     @property
     def num_regular(self) -> int:
+        """T, the regular tokens per row."""
         return self.ntp_labels.shape[1]
 
     @property
     def num_slots(self) -> int:
+        """R, the register slots per row."""
         return self.reg_source.shape[1]
 
     @property
     def num_registers(self) -> int:
+        """Registers in the batch (valid slots)."""
         return int(self.reg_valid.sum())
 
     def loss_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows of the (T+R) sequence that carry a loss: ``keep`` (B, T+R), then ``targets`` (N,) and
-        ``is_reg`` (N,) of the kept rows, in the order of every per-row tensor of a forward (logits, losses)."""
+        """The rows of the (T+R) sequence that carry a loss.
+
+        Returns:
+            ``(keep, targets, is_reg)``: ``keep`` (B, T+R) marks the N loss rows; ``targets`` (N,) and ``is_reg``
+            (N,) are their targets and whether each is a register, in the order of every per-row tensor of a
+            forward (logits, losses).
+        """
         targets = torch.cat([self.ntp_labels, self.reg_labels], 1)                       # (B, T+R)
         keep = targets != IGNORE_INDEX                                                    # (B, T+R)
         is_reg = torch.cat([torch.zeros_like(self.ntp_labels, dtype=torch.bool), self.reg_valid], 1)[keep]  # (N,)
@@ -123,7 +148,22 @@ def build_layout(
     Steps, top to bottom: the regular stream (documents, supervision, attention limits), one offset
     per row, which tokens may carry a register, which of them get a slot, and the registers' own
     position ids, labels and attention. Random draws (``generator``, else torch's global RNG), in this
-    order: the offsets (when ``offset_index`` is None), then the placement (when ``num_registers`` is set)."""
+    order: the offsets (when ``offset_index`` is None), then the placement (when ``num_registers`` is set).
+
+    Args:
+        labels: (B, T) labels aligned with the input ids, -100 where no loss (prompt, padding).
+        config: The objective's settings (offsets, placement rule, prefix attention, 2D grid).
+        attention_mask: (B, T), 1 on tokens and 0 on padding; None: no padding.
+        position_ids: (B, T) per-document positions of packed sequences; None: one document per row.
+        offset_index: (B,) each row's offset, as an index into ``config.offset_choices()``; None: drawn.
+        generator: The random numbers for the draws; None: torch's global RNG.
+
+    Returns:
+        The batch's :class:`RegisterLayout`.
+
+    Raises:
+        ValueError: Shapes that do not match, or an ``offset_index`` out of range.
+    """
     s = _RegularStream.of(labels, config.prefix_attention, attention_mask, position_ids)
     offset_index, d = _row_offsets(config, s.ar.shape[0], s.dev, offset_index, generator)  # (B,), (B,)
     eligible = _eligible_sources(config, s, offset_index, d)                         # (B, T)

@@ -81,10 +81,9 @@ def _compiled_create_block_mask():
     Dynamo caches the compiled graph on the function, guarded on shapes and the mask_mod's
     code, not on the identity of the tensors the mask_mod closes over: a new batch layout of
     a seen shape reuses the graph, and ``dynamic=True`` keeps a new batch size or sequence
-    length (padding, packing) from recompiling. Measured on CPU (torch 2.13, 2 busy vCPUs):
-    without it, the first new B and the first new L each cost a full recompile (minutes); with
-    it, one compile and then 0.1-0.3 s per new layout, B or L, equal to the eager builder
-    (tests/test_block_mask_compiled.py).
+    length (padding, packing) from recompiling. Without it, the first new B and the first new L
+    each cost a full recompile (minutes on a CPU); with it, one compile, and then a new layout,
+    B or L costs about what the eager builder does (tests/test_block_mask_compiled.py).
     """
     from torch.nn.attention.flex_attention import create_block_mask
 

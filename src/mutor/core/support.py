@@ -15,7 +15,7 @@ MuToR asks two things of a model, and nothing else (no modeling code is forked):
    another, and no attention mask can stop it. Chunked attention layers (llama4) are
    not implemented by mutor's masks.
 
-Everything else is verified family by family (README, "Verified families"; tests/test_families.py).
+Everything else is verified family by family (tests/test_families.py).
 This module is the one place that says what is refused and why: :func:`check_supported` is called
 by :class:`~mutor.methods.mutor.MuToRModel` and by the Multi-Token baseline, whose heads share the
 same masks for packed documents and the bidirectional prefix.

@@ -5,12 +5,16 @@ one place that reads a training summary's final held-out evaluation), and render
 
 * ``mutor train`` with several methods (:func:`write_comparison`, :func:`print_comparison`):
   one row per run of this recipe (final evaluation with the primary metric first, its best value
-  over the run, training loss, wall time), a noise-aware :func:`verdict` against ``next_token``,
-  and the curves over steps; written as ``comparison.json``, ``comparison.md``, ``curves.png``.
+  over the run, training loss, wall time), a :func:`verdict` against ``next_token`` (one seed:
+  exploratory, with the difference's 95 % interval on the held-out examples), and the curves over
+  steps; written as ``comparison.json``, ``comparison.md``, ``curves.png``.
 * ``mutor compare`` (:func:`collect_summaries`, :func:`comparison_table`, :func:`comparison_plot`):
   the paper-style table, method x task. Runs that differ only in seed are averaged: each cell is
   ``mean ± std`` of the task's primary metric over seeds (sample standard deviation, n-1; the
-  paper reports three seeds), with the number of seeds when it is not 3.
+  paper reports three seeds), with the number of seeds when it is not 3. Below it, each method
+  against ``next_token`` paired by seed (:func:`paired_differences`).
+
+Every comparison stated is read by the one claim rule, :mod:`mutor.eval.claims`.
 
 What is unusual: in ``mutor compare`` one run is one sample. A run can have several summaries
 (its training summary, an evaluation of its final model, a checkpoint selection, the same file
@@ -22,7 +26,6 @@ and the table says which were left out, so ``n`` counts distinct runs.
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 from collections import defaultdict
@@ -33,7 +36,8 @@ from ..utils.errors import MutorUserError
 from ..utils.io import atomic_write, write_json_atomic, write_text_atomic
 
 __all__ = ["collect_summaries", "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure",
-           "final_eval", "one_per_run", "print_comparison", "run_of", "verdict", "write_comparison"]
+           "final_eval", "one_per_run", "paired_differences", "print_comparison", "run_of", "verdict",
+           "write_comparison"]
 
 
 # ------------------------------------------------------------------ reading
@@ -138,8 +142,23 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def verdict(runs: list[dict]) -> str:
-    """One sentence per method against next_token on the primary metric, claiming a difference only beyond
-    two standard errors of a difference of two rates measured on ``num_eval`` held-out examples."""
+    """One sentence per method against ``next_token`` on the primary metric, by the claim rule
+    (:mod:`mutor.eval.claims`).
+
+    ``mutor train`` runs each method once, on one seed, so its comparison is exploratory whatever the
+    difference: the sentence says so and shows the difference with its 95 % interval on the ``num_eval``
+    held-out examples (:func:`~mutor.eval.claims.unpaired_rates`; the final evaluation records rates, not the
+    per-example outcomes a paired interval needs). A finding needs three seeds or more.
+
+    Args:
+        runs: Training summaries (``summary.json``) of one recipe's runs, one per method.
+
+    Returns:
+        The sentences, one a line; empty when there is no ``next_token`` run, no primary metric, or no rate
+        measured on a known number of held-out examples.
+    """
+    from .claims import format_interval, unpaired_rates
+
     primary = _primary(runs)
     ref = next((r for r in runs if r["method"] == "next_token"), None)
     if primary is None or ref is None:
@@ -151,16 +170,18 @@ def verdict(runs: list[dict]) -> str:
         a, b = final_eval(run), final_eval(ref)
         if primary not in a or primary not in b or not a.get("num_eval"):
             continue
+        if not (0 <= a[primary] <= 1 and 0 <= b[primary] <= 1):       # the interval is that of two rates
+            continue
         n = int(a["num_eval"])
-        noise = 2 * math.sqrt(2) * math.sqrt(0.25 / n)        # worst-case s.e. of a rate is sqrt(0.25/n)
-        diff = a[primary] - b[primary]
-        if abs(diff) < noise:
-            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f}, within noise (2 s.e. of a "
-                       f"difference ~{noise:.3f} on {n} held-out examples); no difference measured.")
+        iv = unpaired_rates(a[primary], b[primary], n)
+        shown = f"{format_interval(iv)} (95 % interval on {n} held-out examples)"
+        if iv.excludes_zero:
+            who = run["method"] if iv.mean > 0 else "next_token"
+            what = f"{who} is higher in this run"
         else:
-            who = run["method"] if diff > 0 else "next_token"
-            out.append(f"{run['method']} minus next_token {primary}: {diff:+.3f} on {n} held-out examples, beyond "
-                       f"2 s.e. ({noise:.3f}): {who} is higher in this run (seed {run.get('seed')}).")
+            what = "within noise"
+        out.append(f"{run['method']} minus next_token {primary}: {shown}: {what}. One seed ({run.get('seed')}): "
+                   f"exploratory, not a finding; a claim needs three seeds or more whose 95 % interval excludes 0.")
     return "\n".join(out)
 
 
@@ -259,11 +280,69 @@ def _over_seeds(vals: list[float]) -> str:
     return txt if len(vals) == 3 else f"{txt} (n={len(vals)})"
 
 
+def _seed_values(summaries: list[dict], metrics: Optional[list[str]]):
+    """(method, task, metric) -> {seed: (value, examples)} over the summaries that count, for the seeds with
+    exactly one run of that method (a seed run twice is not paired)."""
+    summaries, _ = one_per_run(summaries)
+    found: dict = defaultdict(lambda: defaultdict(list))
+    for s in summaries:
+        if s.get("seed") is None:
+            continue
+        for m in (metrics or [s["primary"]]):
+            if m in s["metrics"]:
+                found[(_method(s), s["task"], m)][s["seed"]].append((s["metrics"][m], s.get("n")))
+    return {k: {sd: v[0] for sd, v in by.items() if len(v) == 1} for k, by in found.items()}
+
+
+def paired_differences(summaries: list[dict], metrics: Optional[list[str]] = None) -> list[str]:
+    """Each method against ``next_token`` on the same task and metric, paired by seed, by the claim rule
+    (:mod:`mutor.eval.claims`): the mean of the per-seed differences with its 95 % t-interval over the seeds
+    paired; one seed of two rates measured on a known number of examples gets their interval on the examples
+    (:func:`~mutor.eval.claims.unpaired_rates`). The summaries hold no per-example outcomes, so the per-example
+    floor of the rule is not applied here.
+
+    Args:
+        summaries: Evaluation or training summaries (:func:`collect_summaries`).
+        metrics: The metrics compared (default: each task's primary metric).
+
+    Returns:
+        One line per method, task and metric with at least one seed paired; empty without ``next_token`` runs.
+    """
+    from .claims import format_interval, paired, reading, unpaired_rates
+
+    values = _seed_values(summaries, metrics)
+    lines = []
+    for (method, task, metric), by_seed in values.items():
+        ref = values.get(("next_token", task, metric))
+        if method == "next_token" or not ref:
+            continue
+        seeds = sorted(set(by_seed) & set(ref))
+        if not seeds:
+            continue
+        diffs = [by_seed[sd][0] - ref[sd][0] for sd in seeds]
+        iv = paired(diffs)
+        (a, n), (b, _) = by_seed[seeds[0]], ref[seeds[0]]
+        if len(seeds) == 1 and n and 0 <= a <= 1 and 0 <= b <= 1:
+            iv = unpaired_rates(a, b, int(n))
+        where = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} paired" + \
+                (f", {int(n)} examples" if len(seeds) == 1 and iv.source == "examples" else "")
+        lines.append(f"- {method} minus next_token, {task} {metric}: {format_interval(iv)} ({where}): "
+                     f"{reading(iv, None, 'next_token')}")
+    return lines
+
+
 def comparison_table(summaries: list[dict], metrics: Optional[list[str]] = None) -> str:
-    """Markdown table: one row per method, one column per (task, metric); mean ± sample std over seeds."""
+    """Markdown table: one row per method, one column per (task, metric); mean ± sample std over seeds. Below it,
+    each method against ``next_token`` paired by seed (:func:`paired_differences`), where both have runs of
+    the same seeds."""
     cells, methods, columns, notes = _cells(summaries, metrics)
     rows = [[meth] + [_over_seeds(cells.get((meth, t, m), [])) for t, m in columns] for meth in methods]
     text = _markdown(["method"] + [f"{t} {m}" for t, m in columns], rows)
+    diffs = paired_differences(summaries, metrics)
+    if diffs:
+        text += ("\nAgainst next_token, paired by seed (mean difference [95 % interval]; a difference is claimed "
+                 "only with three seeds or more whose interval excludes 0, fewer are exploratory):\n"
+                 + "".join(f"{d}\n" for d in diffs))
     if notes:
         text += "\nDuplicates (n counts distinct runs):\n" + "".join(f"- {n}\n" for n in notes)
     return text

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -36,8 +36,17 @@ from .tokens import ImageLayout, quantize
 __all__ = ["ImageTokenDataset", "build_digits", "build_image_codes", "load_codes", "load_digits_split"]
 
 
-def load_digits_split(levels: int = 8, test_fraction: float = 0.2):
-    """((train_codes, train_labels), (test_codes, test_labels)); codes (N, 64) int64. Fixed split."""
+def load_digits_split(levels: int = 8, test_fraction: float = 0.2) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                       tuple[np.ndarray, np.ndarray]]:
+    """scikit-learn's digits as codes, split once: the same split for every run and seed.
+
+    Args:
+        levels: Codes per pixel (pixel values 0..16 quantized into this many bins).
+        test_fraction: The test split's share, stratified by class.
+
+    Returns:
+        ``((train_codes, train_labels), (test_codes, test_labels))``; codes (N, 64) int64.
+    """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -49,7 +58,20 @@ def load_digits_split(levels: int = 8, test_fraction: float = 0.2):
 
 
 class ImageTokenDataset(torch.utils.data.Dataset):
-    """``[class] + codes`` sequences; the class is replaced by the null class with probability ``class_dropout``."""
+    """``[class] + codes`` sequences; the class is replaced by the null class with probability ``class_dropout``.
+
+    Which labels are dropped depends on ``(seed, epoch, index)`` only, so runs and resumed runs see the same.
+
+    Args:
+        codes: (N, H*W) image codes.
+        labels: (N,) their classes.
+        layout: The vocabulary and grid.
+        class_dropout: Probability of replacing the class token with the null class.
+        seed: Seed of the dropout draws.
+
+    Raises:
+        ValueError: Codes or labels out of the layout's range, or codes not (N, H*W).
+    """
 
     def __init__(self, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, class_dropout: float = 0.0,
                  seed: int = 0):
@@ -66,6 +88,7 @@ class ImageTokenDataset(torch.utils.data.Dataset):
         return len(self.codes)
 
     def dropped(self, i: int) -> bool:
+        """Whether example ``i``'s class is dropped in the current epoch."""
         if self.class_dropout <= 0:
             return False
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_033 + int(i))
@@ -112,7 +135,22 @@ _DIGITS = {"levels", "class_dropout", "eval_samples_per_class", "cfg_scales", "d
 
 
 @register_task("digits")
-def build_digits(options: dict, tokenizer, seed: int) -> TrainingData:
+def build_digits(options: dict, tokenizer: Any, seed: int) -> TrainingData:
+    """The ``digits`` task: scikit-learn's 8x8 digits as class-conditional image tokens.
+
+    Args:
+        options: The recipe's ``data`` block without ``task``: ``levels`` (2-17, default 8),
+            ``class_dropout`` (0.1), ``eval_samples_per_class`` (20), ``cfg_scales`` ([1, 2, 3]),
+            ``data_seed`` (the run's seed).
+        tokenizer: Unused (the task has its own ids).
+        seed: The run's seed.
+
+    Returns:
+        The training data, with an evaluator of bits per token and sample quality.
+
+    Raises:
+        ValueError: An unknown option, or ``levels`` out of range.
+    """
     unknown = sorted(set(options) - _DIGITS)
     if unknown:
         raise ValueError(f"digits: unknown option(s) {unknown}; known: {sorted(_DIGITS)}")
@@ -129,7 +167,20 @@ _CODES = {"path", "labels_path", "codebook_size", "num_classes", "grid_width", "
 
 
 def load_codes(path: str, labels_path: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
-    """(codes (N, L) int64, labels (N,) int64) from .npz/.safetensors/.npy(+labels_path)/.parquet."""
+    """Read pre-tokenized image codes and their labels.
+
+    Args:
+        path: A ``.npz`` or ``.safetensors`` with ``codes`` and ``labels``, a ``.npy`` of codes, or a
+            ``.parquet`` with columns ``codes`` (lists) and ``label``.
+        labels_path: A ``.npy`` of labels, for a ``.npy`` of codes.
+
+    Returns:
+        ``(codes (N, L) int64, labels (N,) int64)``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: An unknown extension, a ``.npy`` without ``labels_path``, or shapes that do not match.
+    """
     if not os.path.exists(path):
         raise FileNotFoundError(f"data.path {path!r} does not exist")
     ext = os.path.splitext(path)[1].lower()
@@ -159,7 +210,23 @@ def load_codes(path: str, labels_path: Optional[str] = None) -> tuple[np.ndarray
 
 
 @register_task("image_codes")
-def build_image_codes(options: dict, tokenizer, seed: int) -> TrainingData:
+def build_image_codes(options: dict, tokenizer: Any, seed: int) -> TrainingData:
+    """The ``image_codes`` task: your own pre-tokenized images (e.g. ImageNet through a VQ tokenizer).
+
+    Args:
+        options: The recipe's ``data`` block without ``task``: ``path``, ``codebook_size`` and ``num_classes``
+            (required); ``labels_path``, ``grid_width`` (default: the square root of the tokens per image),
+            ``test_fraction`` (0.01), ``class_dropout`` (0.1), ``data_seed``, ``eval_samples_per_class``,
+            ``cfg_scales``, ``limit`` (the first N images only).
+        tokenizer: Unused (the task has its own ids).
+        seed: The run's seed.
+
+    Returns:
+        The training data, with an evaluator of held-out bits per token.
+
+    Raises:
+        ValueError: An unknown or missing option, or tokens per image not a multiple of ``grid_width``.
+    """
     unknown = sorted(set(options) - _CODES)
     if unknown:
         raise ValueError(f"image_codes: unknown option(s) {unknown}; known: {sorted(_CODES)}")

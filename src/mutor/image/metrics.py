@@ -12,7 +12,7 @@ fixed seed); an image's feature vector is its hidden activation. In that space:
 * class accuracy of samples under classifier-free guidance scales (how well samples follow their class).
 
 For ImageNet codes, decode ``mutor sample`` outputs with your VQ decoder and use the standard
-FID/IS suite (ADM's evaluator) on the images; see the README.
+FID/IS suite (ADM's evaluator) on the images.
 """
 
 from __future__ import annotations
@@ -31,8 +31,20 @@ __all__ = ["bits_per_token", "frechet_distance", "precision_recall", "FeatureCla
 
 
 @torch.no_grad()
-def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout, batch_size: int = 256) -> float:
-    """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token."""
+def bits_per_token(model: torch.nn.Module, codes: np.ndarray, labels: np.ndarray, layout: ImageLayout,
+                   batch_size: int = 256) -> float:
+    """Held-out teacher-forced cross-entropy of the image tokens given the true class, in bits per token.
+
+    Args:
+        model: A causal LM trained on an image task.
+        codes: (N, H*W) image codes.
+        labels: (N,) their classes.
+        layout: The task's vocabulary and grid.
+        batch_size: Images per forward.
+
+    Returns:
+        Bits per image token.
+    """
     from ..utils.devices import model_device
 
     dev = model_device(model)
@@ -48,7 +60,17 @@ def bits_per_token(model, codes: np.ndarray, labels: np.ndarray, layout: ImageLa
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)) of two feature sets (rows are samples)."""
+    """The Fréchet distance of Gaussian fits to two feature sets (the FID formula).
+
+    ``||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2))``.
+
+    Args:
+        a: (N, F) features, one row per sample.
+        b: (M, F) features.
+
+    Returns:
+        The distance.
+    """
     from scipy import linalg
 
     mu_a, mu_b = a.mean(0), b.mean(0)
@@ -72,14 +94,33 @@ def _inside(points: np.ndarray, centres: np.ndarray, radii: np.ndarray) -> np.nd
 
 
 def precision_recall(real: np.ndarray, fake: np.ndarray, k: int = 3) -> tuple[float, float]:
-    """Improved precision and recall (Kynkäänniemi et al., 2019) with k-NN manifolds."""
+    """Improved precision and recall (Kynkäänniemi et al., 2019) with k-NN manifolds.
+
+    Args:
+        real: (N, F) features of real images.
+        fake: (M, F) features of samples.
+        k: The neighbour whose distance is each point's manifold radius.
+
+    Returns:
+        ``(precision, recall)``: the share of samples inside the real manifold, and of real images inside the
+        samples' manifold.
+    """
     precision = float(_inside(fake, real, _kth_radius(real, k)).mean())
     recall = float(_inside(real, fake, _kth_radius(fake, k)).mean())
     return precision, recall
 
 
 class FeatureClassifier:
-    """The in-project digit classifier whose hidden layer is the feature space."""
+    """The in-project digit classifier whose hidden layer is the feature space.
+
+    scikit-learn's ``MLPClassifier`` with one hidden layer of 64 ReLU units, fitted on dequantized codes.
+
+    Args:
+        codes: (N, H*W) training codes.
+        labels: (N,) their classes.
+        levels: The intensity levels of the codes.
+        seed: The classifier's random state.
+    """
 
     def __init__(self, codes: np.ndarray, labels: np.ndarray, levels: int, seed: int = 0):
         from sklearn.neural_network import MLPClassifier
@@ -92,10 +133,12 @@ class FeatureClassifier:
         return dequantize(codes, self.levels)
 
     def features(self, codes: np.ndarray) -> np.ndarray:
+        """(N, 64) hidden activations of ``codes`` (N, H*W)."""
         x = self._x(codes) @ self.clf.coefs_[0] + self.clf.intercepts_[0]
         return np.maximum(x, 0.0)
 
     def predict(self, codes: np.ndarray) -> np.ndarray:
+        """(N,) predicted classes of ``codes`` (N, H*W)."""
         return self.clf.predict(self._x(codes))
 
 
@@ -110,9 +153,24 @@ def classifier_for(train: tuple, levels: int) -> FeatureClassifier:
     return _CLASSIFIERS[key]
 
 
-def sample_metrics(model, layout: ImageLayout, train: tuple, test: tuple, per_class: int = 20,
+def sample_metrics(model: torch.nn.Module, layout: ImageLayout, train: tuple, test: tuple, per_class: int = 20,
                    scales: Sequence[float] = (1.0, 2.0, 3.0), seed: int = 0, main_scale: float = 2.0) -> dict:
-    """FD / precision / recall at ``main_scale`` (the paper's s=2), class accuracy at every scale, the floor."""
+    """Sample quality of an image model on digits, in the feature classifier's space.
+
+    Args:
+        model: A causal LM trained on the digits task.
+        layout: The task's vocabulary and grid.
+        train: ``(codes, labels)`` of the training split (fits the feature classifier).
+        test: ``(codes, labels)`` of the held-out split (the real images compared against).
+        per_class: Samples per class at each scale.
+        scales: Classifier-free guidance scales at which class accuracy is measured.
+        seed: Seed of the sampling generator.
+        main_scale: The scale of FD, precision and recall (the paper's s=2).
+
+    Returns:
+        ``fd``, ``precision`` and ``recall`` at ``main_scale``, ``class_acc_cfg<s>`` at every scale, and
+        ``fd_floor``: FD between the training and test splits.
+    """
     clf = classifier_for(train, layout.levels or layout.codebook_size)
     classes = [c for c in range(layout.num_classes) for _ in range(per_class)]
     real = clf.features(test[0])

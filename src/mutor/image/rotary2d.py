@@ -18,7 +18,8 @@ Checkpoints stay vanilla (``config.json`` says plain RoPE): the grid is saved in
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -27,7 +28,19 @@ __all__ = ["GridRotaryEmbedding", "use_rotary_2d", "apply_saved_rotary_2d"]
 
 
 class GridRotaryEmbedding(nn.Module):
-    """``forward(x, position_ids) -> (cos, sin)``, each (B, L, head_dim), from 2D grid cells."""
+    """A rotary embedding over 2D grid cells: ``forward(x, position_ids) -> (cos, sin)``, each (B, L, head_dim).
+
+    Half of each head's frequencies turn with the row of a position's cell, the other half with its column.
+
+    Args:
+        head_dim: The attention head dimension (divisible by 4).
+        width: Grid width W: position ``p >= grid_start`` is cell ``((p - grid_start) // W, (p - grid_start) % W)``.
+        grid_start: Position of the first grid token; earlier positions (class tokens) sit at cell (-1, -1).
+        theta: The RoPE base.
+
+    Raises:
+        ValueError: ``head_dim`` not divisible by 4, ``width`` < 1 or ``grid_start`` < 0.
+    """
 
     def __init__(self, head_dim: int, width: int, grid_start: int = 1, theta: float = 10000.0):
         super().__init__()
@@ -50,6 +63,7 @@ class GridRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """``(cos, sin)``, each (B, L, head_dim) in ``x``'s dtype, for the cells of ``position_ids`` (B, L)."""
         row, col = self.cells(position_ids)
         inv = self.inv_freq.to(device=x.device)
         freqs = torch.cat([row[..., None].float() * inv, col[..., None].float() * inv], -1)  # (B, L, head_dim/2)
@@ -67,7 +81,20 @@ def _decoder_with_rotary(model: nn.Module) -> nn.Module:
 
 
 def use_rotary_2d(model: nn.Module, width: int, grid_start: int = 1) -> nn.Module:
-    """Replace the model's rotary embedding with :class:`GridRotaryEmbedding` (in place; returns the model)."""
+    """Replace the model's rotary embedding with :class:`GridRotaryEmbedding`, in place.
+
+    Args:
+        model: A transformers causal LM (or a peft model around one) whose decoder has a ``rotary_emb`` module
+            with plain RoPE.
+        width: Grid width (tokens per raster row).
+        grid_start: Position of the first grid token.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: The decoder has no ``rotary_emb``, or its RoPE is scaled (``rope_type`` other than default).
+    """
     dec = _decoder_with_rotary(model)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -82,10 +109,17 @@ def use_rotary_2d(model: nn.Module, width: int, grid_start: int = 1) -> nn.Modul
     return model
 
 
-def apply_saved_rotary_2d(model: nn.Module, model_dir) -> Optional[dict]:
+def apply_saved_rotary_2d(model: nn.Module, model_dir: Union[str, os.PathLike]) -> Optional[dict]:
     """After ``from_pretrained(model_dir)``: restore 2D rotary positions if the run used them.
 
-    Reads ``task_info.json`` from ``model_dir`` or its parent (a checkpoint inside a run)."""
+    Args:
+        model: The model loaded from ``model_dir``.
+        model_dir: A run or checkpoint directory; its ``task_info.json`` (or its parent's, for a checkpoint
+            inside a run) records the grid.
+
+    Returns:
+        The grid applied (``width``, ``grid_start``), or None when the run used plain RoPE.
+    """
     from ..utils.io import run_json_files
 
     info = next(run_json_files(model_dir, "task_info.json"), {})

@@ -22,12 +22,29 @@ __all__ = ["sample_codes", "save_grid_png"]
 
 
 @torch.no_grad()
-def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: float = 2.0, temperature: float = 1.0,
-                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
+def sample_codes(model: torch.nn.Module, layout: ImageLayout, classes: Sequence[int], cfg_scale: float = 2.0,
+                 temperature: float = 1.0, top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  batch_size: int = 256, always_guide: bool = False) -> np.ndarray:
-    """(len(classes), H*W) int64 codes, one image per requested class.
+    """Sample one image per requested class, with a KV cache and classifier-free guidance.
 
-    ``cfg_scale == 1`` skips the unconditional rows (``u + 1*(c-u) = c``) unless ``always_guide``."""
+    Args:
+        model: A causal LM trained on an image task (the plain model, not a training wrapper).
+        layout: The task's vocabulary and grid.
+        classes: The class of each image to sample.
+        cfg_scale: Guidance scale s in ``u + s * (c - u)``; 1 is plain conditional sampling, and then the
+            unconditional rows are skipped (``u + 1*(c-u) = c``) unless ``always_guide``.
+        temperature: Divides the guided logits (> 0).
+        top_k: Sample among the ``top_k`` most likely codes only (>= 1); None: among all.
+        generator: Random numbers for the draws (on the CPU).
+        batch_size: Images sampled at once.
+        always_guide: Run the unconditional rows even at ``cfg_scale == 1``.
+
+    Returns:
+        (len(classes), H*W) int64 codes in raster order.
+
+    Raises:
+        ValueError: ``temperature`` <= 0 or ``top_k`` < 1.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (got {temperature})")
     if top_k is not None and top_k < 1:
@@ -70,7 +87,15 @@ def sample_codes(model, layout: ImageLayout, classes: Sequence[int], cfg_scale: 
 
 def save_grid_png(codes: np.ndarray, layout: ImageLayout, path: Path, ncols: int = 10,
                   title: Optional[str] = None) -> None:
-    """A PNG grid of decoded images (digits: intensity levels as grey values), written atomically."""
+    """Write a PNG grid of decoded images (digits: intensity levels as grey values), atomically.
+
+    Args:
+        codes: (N, H*W) codes, as :func:`sample_codes` returns them.
+        layout: Their vocabulary and grid.
+        path: The PNG file to write.
+        ncols: Images per row of the grid.
+        title: A title above the grid.
+    """
     import matplotlib
 
     matplotlib.use("Agg")

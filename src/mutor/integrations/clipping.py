@@ -2,10 +2,10 @@
 
 ``max_grad_norm`` in ``transformers.Trainer`` clips the joint norm of every trainable parameter.
 A training wrapper adds parameters of its own (MuToR's register vector, the Multi-Token baseline's
-heads), and under LoRA their gradient can dominate that joint norm: in the first step of a LoRA (r=8)
-run on SmolLM2-135M the register vector's gradient norm was 5.73 of a joint 6.01, so with
-``max_grad_norm=1.0`` every adapter update was scaled by about 1/6 while the next-token run, with no
-register, was not clipped at all. MuToR should change the objective and nothing else, so by default
+heads), and under LoRA their gradient can dominate that joint norm (early in a LoRA run the register
+vector's gradient can be most of it), so that with ``max_grad_norm=1.0`` every adapter update would be
+scaled down several times while the next-token run, with no register, is not clipped at all. MuToR
+should change the objective and nothing else, so by default
 (``"separate"``) the two groups are clipped each against ``max_grad_norm`` on its own:
 
 * the model's parameters (everything under ``wrapper.base_model``: the full model, or the LoRA

@@ -24,25 +24,51 @@ def _running_mean(old: float, x: float, n: int, floor: float) -> float:
 
 @dataclass
 class DraftStats:
-    """Counts of one decoding run: ``offered[d]`` drafts for ``x_{e+d}`` reached verification, ``accepted[d]`` kept."""
+    """Counts of one decoding run of :func:`mutor.generate` (or several, summed with :meth:`add`).
+
+    A round is one forward; the draft of a round proposes ``x_{e+d}`` for d = 2..K after the newest kept token
+    ``x_e``. A draft for offset d reaches verification only when every earlier draft of its round was kept.
+
+    Attributes:
+        forwards: Forwards of the model (the prompt's included).
+        new_tokens: Tokens generated.
+        offered: Per offset d, drafts for ``x_{e+d}`` that reached verification.
+        accepted: Per offset d, of those, drafts kept (equal to the model's own choice, or accepted by
+            speculative sampling).
+        rounds: Forwards per draft length K (K = 1: no draft fed).
+        tail_rounds: Of the rounds, those with registers after the last fed token only.
+    """
 
     forwards: int = 0
     new_tokens: int = 0
     offered: dict[int, int] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
-    rounds: dict[int, int] = field(default_factory=dict)          # forwards per draft length K (K = 1: no draft)
-    tail_rounds: int = 0                                          # of them, rounds with registers after the last token only
+    rounds: dict[int, int] = field(default_factory=dict)
+    tail_rounds: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
+        """New tokens per forward (0 before any forward)."""
         return self.new_tokens / max(self.forwards, 1)
 
     def acceptance(self) -> dict[int, float]:
-        """Per offset d: accepted / offered (a draft is offered only when every earlier draft was kept)."""
+        """The acceptance per offset.
+
+        Returns:
+            ``{d: accepted / offered}`` for every offset with a draft offered (a draft is offered only when
+            every earlier draft of its round was kept), by increasing d.
+        """
         return {d: self.accepted.get(d, 0) / n for d, n in sorted(self.offered.items()) if n}
 
     def add(self, other: "DraftStats") -> "DraftStats":
-        """Accumulate another run's counts into this one (returns self)."""
+        """Accumulate another run's counts into this one.
+
+        Args:
+            other: The counts to add.
+
+        Returns:
+            This object, with ``other``'s counts added.
+        """
         self.forwards += other.forwards
         self.new_tokens += other.new_tokens
         for d, n in other.offered.items():
@@ -54,6 +80,12 @@ class DraftStats:
         return self
 
     def to_dict(self) -> dict:
+        """A JSON-ready summary.
+
+        Returns:
+            ``forwards``, ``new_tokens``, ``tokens_per_forward``, ``acceptance`` and ``offered`` by ``"d=<d>"``,
+            ``rounds`` by ``"K=<K>"`` and ``tail_rounds``.
+        """
         return {"forwards": self.forwards, "new_tokens": self.new_tokens,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "acceptance": {f"d={d}": round(a, 4) for d, a in self.acceptance().items()},
@@ -76,8 +108,7 @@ class DraftLength:
     where extra rows cost little (bf16 on a CPU with AVX512-BF16, a GPU) and little or nothing where a forward
     of a few rows costs two or three of one row (float32 on a CPU).
 
-    What it learns, and how it guards against its own errors (each setting's measurements: docs/drafting.md,
-    "What each setting was measured against"):
+    What it learns, and how it guards against its own errors:
 
     - ``p_d``: kept over offered drafts, discounted by ``memory`` each time the offset is offered, one kept and
       one rejected draft as prior, 0 until checked once. Every draft the registers make, fed or not, is checked
@@ -107,10 +138,33 @@ class DraftLength:
       (:meth:`prompt_round`); a round with no draft to feed takes the cheapest count of registers, and a draft
       that reaches the answer's end is priced by the rows its round feeds (:meth:`last_round`).
 
-    ``clock``: ``"wall"`` (default, ``time.perf_counter``) or ``"cpu"`` (the thread's CPU time, meaningful with
-    one intra-op thread on a CPU; it replayed well under a moving load and lost live, so it is not the default).
-    ``warmup``: forwards of each row count not counted (default 0; a shape's first forward can cost more, but a
-    draft tried twice costs near-break-even runs up to 5 %). ``fixed``: always that K, full (no timing)."""
+    Pass one instance to :func:`mutor.generate` for every prompt of an evaluation: what it has learned carries
+    over, so short answers do not each pay for timing every draft length.
+
+    Args:
+        k_max: The longest draft length K (the pending token and K-1 drafted ones), at most the model's
+            ``d_max``.
+        fixed: Always this K, with registers after every fed token (None: choose each round).
+        probe: Rounds between probes at first, and again whenever the best choice changes.
+        max_probe: The most rounds between probes; also how often, in prompts, every register after the prompt
+            is fed where a draft wins.
+        memory: Discount of the acceptance counts each time an offset is offered (recent drafts weigh more).
+        smoothing: Weight of a new measurement in a cost's running average, after the mean of the first
+            ``1/smoothing``.
+        probe_share: The most of the time the probes' extra rows may take; must be > 0.
+        margin: How much a draft's expected rate must beat plain decoding's by (0.05: 5 %).
+        optimism: Standard errors added to each in-answer acceptance for the choice.
+        clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (the thread's CPU time, meaningful with one
+            intra-op thread on a CPU). Wall time is the default: it includes the time spent waiting for a core,
+            which the user waits for too.
+        warmup: Forwards of each row count not counted as its cost. 0 by default: a shape's first forward can
+            cost more, but timing each draft twice costs runs near break-even more than it saves.
+        level_gains: Speeds, rising within (0, 1], of the shared speed levels the costs follow; ``()``: none.
+
+    Raises:
+        ValueError: ``clock`` is neither ``"wall"`` nor ``"cpu"``, ``probe_share`` is not > 0, or
+            ``level_gains`` does not rise within (0, 1].
+    """
 
     CLOCKS = ("wall", "cpu")
 
@@ -224,22 +278,23 @@ class DraftLength:
                                          for c in self.candidates[1:])
 
     def prompt_round(self) -> int:
-        """K for the prompt's round: its registers draft the first tokens (fed, or checked against the decoded
-        ones). While plain decoding wins they are a probe, fed on the probes' schedule (K_max). Where a draft wins,
-        of the answer's start or within the answer, the round after the prompt's feeds the prompt's draft, and the
-        registers fed are those for one offset beyond the longer of the two winning drafts (so that the next round
-        may take a draft one longer, and that offset's acceptance is checked), all K_max - 1 of them every
-        ``max_probe`` prompts. Feeding all of them after every prompt, as until session 35, cost sentence
-        reordering 1.3 % of its decoding live (3 registers after a 30-token prompt: 12 ms, 10 % of its forward,
-        for a round after that fed 1 draft token); one beyond the winning draft read 1.013x / 1.007x that live
-        (benchmarks/RESULTS.md, session 35).
+        """The K of the prompt's round: the prompt's forward feeds K-1 registers after the prompt.
 
-        Where only drafting within the answer wins, the prompt's registers are fed only where their draft pays for
-        their rows in the prompt's forward (:meth:`_prompt_draft_pays`; then the round after starts the in-answer
-        draft itself): on shortest path's 4-token answers in float32, 3 registers after a 223-token prompt cost
-        8 ms, 1 % of a prompt's decoding, for a draft kept 5 % of the time (replayed quiet: 0.989x -> 0.994x plain).
-        Session 33 reverted this gate on two quiet live passes on number sorting (0.962x, 0.965x the chooser
-        without it) that a third pass did not bear out; in session 35 five quiet passes read 0.996-1.005x."""
+        Those registers draft the answer's first tokens (fed, or checked against the decoded ones). While plain
+        decoding wins they are a probe, fed on the probes' schedule (K_max). Where a draft wins, of the answer's
+        start or within the answer, the round after the prompt's feeds the prompt's draft, and the registers fed
+        are those for one offset beyond the longer of the two winning drafts (so that the next round may take a
+        draft one longer, and that offset's acceptance is checked); all K_max - 1 of them every ``max_probe``
+        prompts. More would add rows to every prompt's forward for drafts the next round does not feed.
+
+        Where only drafting within the answer wins, the prompt's registers are fed only where the expected draft
+        gain pays for their rows in the prompt's forward (:meth:`_prompt_draft_pays`; otherwise the round after
+        starts the in-answer draft itself): after a long prompt, registers whose draft of the answer's start is
+        seldom kept cost more than they save.
+
+        Returns:
+            K in 1..``k_max`` (1: no register after the prompt).
+        """
         if self.fixed is not None:
             return self.fixed
         if not self.hopeful():
@@ -274,20 +329,27 @@ class DraftLength:
         return fed < start + extra / self.rate(*in_answer)
 
     def choose(self, drafted: Optional[int] = None, first: bool = False, ends: bool = False) -> tuple[int, bool]:
-        """This round's ``(K, tail)``; ``drafted``: the tokens drafted for it (default: a draft as long as any);
-        ``first``: the round after the prompt's, whose draft the prompt's registers made; ``ends``: the draft
-        reaches the answer's end (its eos, ``max_new_tokens``).
+        """This round's draft length and register placement.
 
         The round after the prompt's is the one place where registers after the answer's first token can be fed,
         and on a short answer the only one whose in-answer draft can still be checked. So there, where drafting
         within the answer wins and the prompt's draft is more often wrong than right at its first token (or never
         checked), the in-answer K with registers after every fed token: the next round has an in-answer draft
-        although the prompt's draft is likely rejected (shortest path in bf16, 50 validation prompts replayed
-        with ``benchmarks/draft_replay.py``: 1.10x plain instead of 1.00x). Otherwise the prompt's draft decides,
-        and where it says to decode plainly the round is on the probes' schedule (K=2, a register after every fed
-        token), so that the in-answer acceptance of short answers is checked at all. Without a prompt's draft
-        (its registers not fed, :meth:`prompt_round`) where drafting within the answer wins, the round starts the
-        in-answer draft: the pending token and j-1 registers, the cheapest j >= that K."""
+        although the prompt's draft is likely rejected. Otherwise the prompt's draft decides, and where it says to
+        decode plainly the round is on the probes' schedule (K=2, a register after every fed token), so that the
+        in-answer acceptance of short answers is checked at all. Without a prompt's draft (its registers not fed,
+        :meth:`prompt_round`) where drafting within the answer wins, the round starts the in-answer draft: the
+        pending token and j-1 registers, the cheapest j >= that K.
+
+        Args:
+            drafted: Tokens drafted for this round (None: a draft as long as any).
+            first: This is the round after the prompt's, whose draft the prompt's registers made.
+            ends: The draft reaches the answer's end (its eos, or ``max_new_tokens``).
+
+        Returns:
+            ``(K, tail)``: feed the pending token and K-1 drafted tokens, with registers after the last fed token
+            only (``tail``) or after every one of them.
+        """
         if self.fixed is not None:
             return self.fixed, False
         if self.k_max < 2 or 1 not in self.cost:           # a plain round first: the floor of every cost
@@ -346,14 +408,21 @@ class DraftLength:
         return False
 
     def last_round(self, drafted: int, first: bool = False) -> tuple[int, bool]:
-        """A draft that reaches the answer's end: only this round counts, j drafted tokens and the pending one
-        for ``E(j + 1)`` tokens, against plain decoding's rate raised by ``margin``. The draft stops before the
-        eos the registers foresaw, so the forward still feeds the j registers after its last token (a draft, in
-        case the model goes on): 2j + 1 rows, priced so (priced as 1 + j rows until session 33, it drafted 2-row
-        rounds that fed 3 on 3-token answers). Registers after every fed token instead, (j + 1)^2 rows, where those
-        cost less (float32 on a CPU: 4 rows can cost less than 3). The two together, replayed on the nine trace
-        sets: none worse quiet, -1.2 % to +1.4 % under load (benchmarks/RESULTS.md, session 33). Returns
-        ``(j + 1, tail)`` or ``(1, False)``."""
+        """The choice for a draft that reaches the answer's end, where only this round counts.
+
+        j drafted tokens and the pending one yield ``E(j + 1)`` tokens, against plain decoding's rate raised by
+        ``margin``. The draft stops before the eos the registers foresaw, so the forward still feeds the j
+        registers after its last token (a draft, in case the model goes on): 2j + 1 rows, and it is priced so.
+        Registers after every fed token instead, (j + 1)^2 rows, where those cost less (float32 on a CPU: 4 rows
+        can cost less than 3).
+
+        Args:
+            drafted: Tokens drafted up to the answer's end.
+            first: The draft is the prompt's registers' (their own acceptance).
+
+        Returns:
+            ``(j + 1, tail)`` for the best j, or ``(1, False)`` (plain) when no draft clears the bar.
+        """
         rates = {(j + 1, tail): self._chain(j + 1, first=first)[0] / (self.seconds(self.rows(j + 1, tail))
                                                                        or float("inf"))
                  for j in range(1, min(drafted, self.k_max - 1) + 1) for tail in (True, False)}
@@ -364,8 +433,8 @@ class DraftLength:
         """Rounds between probes: ``probe``, or more where a probe's extra rows would take more than
         ``probe_share`` of the time (a probe after a plain round feeds 1 token + K_max-1 registers). Until a
         draft within an answer has been checked at all, ``probe``: pricing the probes by their share assumes that
-        what they would tell is already known (word reversal at 3 epochs, 20 test prompts replayed: the first 14
-        answers decoded plainly, 1.05x plain against K=4's 1.29x)."""
+        what they would tell is already known, and on short answers would leave the first answers decoded
+        plainly where drafting pays."""
         if not self.offered[2]:
             return self.probe
         probe_rows = self.k_max if best[0] == 1 else self.rows(self.k_max, True)

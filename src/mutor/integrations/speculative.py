@@ -19,14 +19,13 @@ follows the model's own sampling distribution exactly.
 
 Whether drafting pays in wall-clock time depends on the registers and on the machine: a forward of K^2 rows
 costs little more than one row where a forward is bound by reading the weights (bf16 on a CPU, a GPU) and
-more elsewhere (float32 on a CPU: a one-row product takes a faster path, and 2-16 rows cost two to three
-times one, ``benchmarks/RESULTS.md``). ``draft_registers="auto"``
-(the default) therefore picks each round's draft length, and whether registers follow every fed token or
-only the last one (fewer rows; a rejected draft then leaves the next round without one), from the recent
-acceptance and the measured cost of a forward by its rows (``draft_choice.py``), and decodes plainly, one
-token per forward, when no draft pays. A draft stops before its first eos (when the draft is right, the
-model's own next token is that eos, so feeding it saves nothing) and at ``max_new_tokens``; then no register
-follows its last token.
+more elsewhere (float32 on a CPU: a one-row product takes a faster path, and a forward of a few rows can cost
+two to three of one). ``draft_registers="auto"`` (the default) therefore picks each round's draft length,
+and whether registers follow every fed token or only the last one (fewer rows; a rejected draft then leaves
+the next round without one), from the recent acceptance and the measured cost of a forward by its rows
+(``draft_choice.py``), and decodes plainly, one token per forward, when no draft pays. A draft stops before
+its first eos (when the draft is right, the model's own next token is that eos, so feeding it saves nothing)
+and at ``max_new_tokens``; then no register follows its last token.
 
 The cache is a plain ``DynamicCache`` of full layers (sliding windows are applied through the mask on
 position ids, as in training), built here so that no layer evicts entries on its own; after each
@@ -97,25 +96,43 @@ def generate(
     temperature: float = 1.0,
     generator: Optional[torch.Generator] = None,
 ) -> tuple[torch.Tensor, DraftStats]:
-    """Decoding that drafts with registers, greedy or sampled; returns ``(ids (1, n + new), stats)``.
+    """Decode one prompt with the registers as drafters: lossless self-speculative decoding.
 
-    ``model``: a :class:`MuToRModel` or the directory of a MuToR checkpoint (vanilla model + sidecar).
-    ``draft_registers``: ``"auto"`` (the default) picks each round's draft length K in 1..d_max for the most
-    tokens per second (:class:`DraftLength`: running acceptance, measured cost per forward), so that poor
-    registers or costly extra rows fall back to plain greedy decoding; a :class:`DraftLength` does the same
-    and keeps what it learned across calls (pass one instance for every prompt of an evaluation, so that
-    short answers do not each pay for timing every length); an integer K drafts offsets 2..K after
-    every kept token (K = 1 is plain greedy decoding, one token per forward). ``eos_token_id``: stop after it (default: the
-    model's generation config). ``prefix_attention``: ``"bidirectional"`` decodes as the evaluation harness does
-    for a bidirectional-prefix run (the prompt sees itself both ways); default: the model's training setting.
-    ``do_sample``: speculative sampling (:func:`_verify_sampled`) from the model's distribution at
-    ``temperature`` (no top-k / top-p), with the registers' distributions at the same temperature as the
-    draft distributions; the output is distributed exactly as plain sampling. ``generator``: its random numbers.
-
+    The output is token for token the model's own greedy decoding (``do_sample=False``), or distributed
+    exactly as its own sampling (``do_sample=True``); the registers decide only how many tokens a forward yields.
     Each round: one forward of the pending tokens, their draft and its registers (:func:`_draft_forward`),
-    verification of the draft against the model's own greedy choices (:func:`_verify`), the cache cropped to
-    the kept tokens, the new tokens emitted (:func:`_emit`), and the registers after the newest kept token
-    read as the next draft.
+    verification of the draft against the model's own choices (:func:`_verify`, :func:`_verify_sampled`), the
+    cache cropped to the kept tokens, the new tokens emitted (:func:`_emit`), and the registers after the newest
+    kept token read as the next draft.
+
+    Args:
+        model: A :class:`MuToRModel` trained with 1D offsets, or the directory of a MuToR checkpoint (the
+            vanilla model plus its sidecar). Its attention must be ``sdpa`` or ``eager``.
+        input_ids: The prompt, shape (1, n): batch size 1.
+        max_new_tokens: The most tokens to generate (>= 1).
+        draft_registers: ``"auto"`` or None (the default): each round's draft length K in 1..d_max chosen for the
+            most tokens per second (:class:`~mutor.integrations.draft_choice.DraftLength`: running acceptance,
+            measured cost per forward), so that poor registers or costly extra rows fall back to plain decoding.
+            A ``DraftLength`` instance does the same and keeps what it learned across calls: pass one instance
+            for every prompt of an evaluation, so that short answers do not each pay for timing every length.
+            An integer K drafts offsets 2..K after every kept token (K = 1 is plain decoding, one token per
+            forward).
+        eos_token_id: Stop after this token (or any of a list); default: the model's generation config.
+        prefix_attention: ``"bidirectional"`` lets the prompt see itself both ways, as the evaluation harness
+            decodes a bidirectional-prefix run; ``"causal"``; default: the model's training setting.
+        do_sample: Speculative sampling from the model's distribution at ``temperature`` (no top-k / top-p),
+            with the registers' distributions at the same temperature as the draft distributions.
+        temperature: Sampling temperature (> 0); used only with ``do_sample``.
+        generator: Random numbers for sampling.
+
+    Returns:
+        ``(ids, stats)``: ``ids`` (1, n + new) is the prompt followed by the generated tokens (up to and
+        including the first eos); ``stats`` the :class:`~mutor.integrations.draft_choice.DraftStats` of the run.
+
+    Raises:
+        TypeError: ``model`` is neither a ``MuToRModel`` nor a directory.
+        ValueError: An argument out of range, a batch larger than 1, a model trained with 2D offsets, an
+            attention backend other than sdpa / eager, or per-offset registers not trained for an offset drafted.
     """
     model, K, prompt_len, eos = _checked_arguments(model, input_ids, max_new_tokens, draft_registers,
                                                    eos_token_id, prefix_attention)

@@ -106,12 +106,25 @@ def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
 
 
 class MuToRTrainer(Trainer):
-    """``Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
+    """``transformers.Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
 
-    ``task_evaluator(model, step) -> dict`` (optional) computes held-out metrics with the plain
-    base model; ``grad_clip`` is ``"separate"`` (the model and the wrapper's own parameters each clipped
-    against ``max_grad_norm`` on its own) or ``"joint"`` (Trainer's clipping of everything together);
-    everything else is ``transformers.Trainer``'s own arguments.
+    Both losses are token-weighted means over the whole accumulated (and distributed) batch, so gradient
+    accumulation gives the update of one large batch; the logs add the next-token, register and per-offset
+    losses and accuracies; checkpoints are the base model as transformers saves it plus the wrapper's
+    sidecar, and a resumed run continues exactly.
+
+    Args:
+        *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
+        task_evaluator: ``task_evaluator(model, step) -> dict`` of held-out metrics computed with the plain base
+            model at step 0, every ``eval_steps`` and at the end; logged with an ``eval_`` prefix. None: none.
+        grad_clip: ``"separate"``: the model's parameters and the wrapper's own (register vector, heads) are
+            each clipped against ``max_grad_norm`` on its own, so the model gets the clipping it would get
+            without mutor. ``"joint"``: Trainer's clipping of all of them together.
+        **kwargs: ``transformers.Trainer``'s keyword arguments.
+
+    Raises:
+        ValueError: An unknown ``grad_clip``; and, when :meth:`train` starts, ``"separate"`` under a backend
+            that cannot run it (FSDP1, DeepSpeed).
     """
 
     def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None,
@@ -141,6 +154,7 @@ class MuToRTrainer(Trainer):
 
     @torch.no_grad()
     def run_task_evaluator(self, step: int) -> dict:
+        """The task evaluator's metrics for the plain model, in training's precision ({} without an evaluator)."""
         if self.task_evaluator is None:
             return {}
         model = self.plain_model()
@@ -205,6 +219,7 @@ class MuToRTrainer(Trainer):
         return groups if groups[1] else None
 
     def train(self, *args: Any, **kwargs: Any):
+        """``Trainer.train``, after checking that this backend can run ``grad_clip``."""
         w = self.training_wrapper()
         if w is not None and w.parameter_groups()[1] and self.args.max_grad_norm and self.args.max_grad_norm > 0:
             check_grad_clip(self.grad_clip, fsdp1=self.is_fsdp_enabled and not self.accelerator.is_fsdp2,
@@ -343,6 +358,12 @@ class MuToRTrainer(Trainer):
         Not resumed: Trainer's own ``train_loss``. Resumed from a checkpoint: the loss sum stored in
         it (or, for a checkpoint without one, the losses logged up to it in its ``trainer_state.json``)
         plus the sum since the resume, over all the steps they cover.
+
+        Args:
+            resumed_from: The checkpoint directory training resumed from; None: not resumed.
+
+        Returns:
+            The mean loss per step.
         """
         start = self._initial_global_step
         done = self.state.global_step - start

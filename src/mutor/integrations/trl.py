@@ -36,7 +36,7 @@ What is unusual:
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import nn
@@ -53,6 +53,9 @@ from ..methods.multi_token import MultiTokenConfig
 from ..methods.registry import method_of_config
 from ..methods.wrapper import TrainingWrapper
 from .trainer import MuToRTrainer
+
+if TYPE_CHECKING:
+    from trl import SFTConfig
 
 __all__ = ["MuToRSFTTrainer", "MuToRConfig", "MultiTokenConfig"]   # one import line for an SFTTrainer script
 
@@ -123,14 +126,27 @@ class _WrapperLoss:
 class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
     """``trl.SFTTrainer`` that trains MuToR (or the Multi-Token baseline).
 
-    Takes every argument ``SFTTrainer`` takes, plus ``mutor_config``: a :class:`~mutor.MuToRConfig`
-    (MuToR) or a :class:`~mutor.methods.multi_token.MultiTokenConfig` (the Multi-Token baseline). ``model``
-    may also be an already built ``MuToRModel`` / ``MultiTokenModel`` (e.g. with ``loss_chunk_size``);
-    then ``mutor_config`` stays None and SFTTrainer works on its base model. ``task_evaluator`` is
-    MuToRTrainer's (held-out metrics of the plain model every ``eval_steps``).
+    SFTTrainer builds, adapts (peft), tokenizes and collates as it always does; the wrapper is put around its
+    model afterwards, and the loss is the wrapper's. Training, logs, checkpoints and resuming are
+    :class:`~mutor.MuToRTrainer`'s.
+
+    Args:
+        model: A model id or a model, as ``SFTTrainer`` takes it; or an already built ``MuToRModel`` /
+            ``MultiTokenModel`` (e.g. with ``loss_chunk_size``), whose base model SFTTrainer then works on.
+        args: An ``SFTConfig``. Options that replace the next-token loss (``loss_type`` other than ``"nll"``,
+            label smoothing, the MoE router loss) are refused.
+        *positional: ``SFTTrainer``'s further positional arguments.
+        mutor_config: A :class:`~mutor.MuToRConfig` (MuToR) or a :class:`~mutor.MultiTokenConfig` (the
+            Multi-Token baseline); None when ``model`` is already a wrapper.
+        **kwargs: ``SFTTrainer``'s keyword arguments, and :class:`~mutor.MuToRTrainer`'s ``task_evaluator`` and
+            ``grad_clip``. ``compute_loss_func`` is refused.
+
+    Raises:
+        TypeError: ``mutor_config`` is not a method's config (and ``model`` is not a wrapper).
+        ValueError: Both a wrapper and ``mutor_config``, or an SFTTrainer option that replaces the next-token loss.
     """
 
-    def __init__(self, model: Union[str, nn.Module], args=None, *positional: Any,
+    def __init__(self, model: Union[str, nn.Module], args: Optional[SFTConfig] = None, *positional: Any,
                  mutor_config: Optional[Union[MuToRConfig, MultiTokenConfig]] = None, **kwargs: Any):
         wrapper = model if isinstance(model, TrainingWrapper) else None
         if wrapper is not None and mutor_config is not None:

@@ -45,6 +45,19 @@ __all__ = ["MultiTokenConfig", "MultiTokenModel"]
 
 @dataclass
 class MultiTokenConfig(JsonConfig):
+    """Configuration of the Multi-Token baseline (Gloeckle et al., 2024). Validated on construction.
+
+    Args:
+        d_max: Largest offset: ``d_max - 1`` extra heads predict ``x_{t+2}..x_{t+d_max}`` beside the model's own
+            next-token head (>= 2; the paper's tuned setting is 2).
+        loss_weight: The heads' loss weight a in ``(1-a) * L_ntp + a * L_heads``, in [0, 1) (the paper's tuned
+            setting is 0.1).
+        prefix_attention: ``"causal"`` or ``"bidirectional"`` (prompt tokens attend to the whole prompt).
+
+    Raises:
+        ValueError: A field out of range.
+    """
+
     d_max: int = field(default=2, metadata={"help": "Largest offset: heads for x_{t+2}..x_{t+d_max} next to the "
                                                     "next-token head (the paper's tuned setting is 2)."})
     loss_weight: float = field(default=0.1, metadata={"help": "a in (1-a)*L_ntp + a*L_heads, in [0, 1) (the "
@@ -73,7 +86,23 @@ def _parts(inner: nn.Module):
 
 
 class MultiTokenModel(TrainingWrapper):
-    """Wrap ``base`` (a transformers causal LM, or a peft model around one) with ``d_max - 1`` extra heads."""
+    """The Multi-Token baseline around a causal LM: ``d_max - 1`` extra heads, each a copy of the last decoder layer.
+
+    Only for training: at inference, and in every checkpoint, the base model is all there is
+    (``save_pretrained`` writes it as transformers / peft would, plus a sidecar with the heads).
+
+    Args:
+        base: A transformers ``*ForCausalLM`` built as ``model.layers`` + ``model.norm`` + ``lm_head`` (llama,
+            mistral, qwen2/3, gemma 1/2/3, ...), or a peft model around one.
+        config: The baseline's settings (default: ``MultiTokenConfig()``).
+        loss_chunk_size: None: logits through the model's own head. A positive int: the output projection and
+            cross-entropy computed this many rows at a time (less memory; needs a plain linear output layer).
+
+    Raises:
+        TypeError: ``base`` is not a transformers model.
+        ValueError: The model's family or attention backend is not supported, or ``loss_chunk_size`` is not
+            allowed for it.
+    """
 
     config_class, config_file, config_attr = MultiTokenConfig, MT_CONFIG, "multi_token_config"
     weights_file, sidecar_prefix = MT_WEIGHTS, "heads."
@@ -138,10 +167,25 @@ class MultiTokenModel(TrainingWrapper):
         counted_layout: Optional[list] = None,
         **kwargs: Any,
     ) -> MuToROutput:
-        """``labels`` aligned with ``input_ids`` (-100 where no loss). Head ``k`` at ``t`` targets ``labels[t+k]``
-        when it is supervised and in the same document; ``num_registers_in_batch`` is the total head-target count
-        of the accumulated batch (the trainer counts it), ``num_items_in_batch`` the next-token count;
-        ``counted_layout`` the heads' target layouts :meth:`count_reg_targets` built for this batch."""
+        """One training forward: the next-token loss and every head's loss.
+
+        Head ``k`` at position ``t`` targets ``labels[t+k]`` when it is supervised and in the same document.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T), 1 on tokens and 0 on padding.
+            labels: (B, T) aligned with ``input_ids``, -100 where no loss (prompt, padding); None: every
+                non-padding token.
+            position_ids: (B, T) per-document positions of packed sequences.
+            num_items_in_batch: Next-token targets in the whole accumulated batch (the loss denominator).
+            num_registers_in_batch: Head targets in the whole accumulated batch (the trainer counts them).
+            counted_layout: The heads' target layouts :meth:`count_reg_targets` built for this batch.
+            **kwargs: Passed on to the base model.
+
+        Returns:
+            A :class:`~mutor.MuToROutput`: the loss, ``ntp_loss``, and the heads' losses and accuracies under the
+            ``reg_*`` names (per head as per offset); no logits.
+        """
         kwargs.pop("offset_index", None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,
                                                            self.device)

@@ -42,7 +42,28 @@ SIDECAR_WEIGHTS = "mutor.safetensors"
 
 
 class MuToRModel(TrainingWrapper):
-    """Wrap ``base`` (a transformers ``*ForCausalLM`` or a peft model around one) for MuToR training."""
+    """A causal LM trained with MuToR: register tokens inserted into each batch predict tokens further ahead.
+
+    The base model is not modified: the registers enter through ``inputs_embeds`` and ``position_ids`` under a
+    custom attention mask, and their one learnable vector (or one per offset) lives here, in
+    ``register_embeddings``. At inference, and in every checkpoint, the base model is all there is.
+
+    Args:
+        base: A transformers ``*ForCausalLM`` (or a peft model around one) whose forward takes
+            ``inputs_embeds``, ``position_ids`` and ``attention_mask``, loaded with ``sdpa``, ``eager`` or
+            ``flex_attention`` attention.
+        config: The objective's settings (default: ``MuToRConfig()``).
+        attention: ``"auto"``: under sdpa, register rows attend apart from the regular rows, so the unused
+            register-register block costs nothing; ``"dense"``: one (T+R) x (T+R) mask.
+        loss_chunk_size: None: logits through the model's own head. A positive int: the output projection and
+            cross-entropy computed this many rows at a time (less memory; needs a plain linear output layer and
+            no logit scaling).
+
+    Raises:
+        TypeError: ``base`` is not a transformers model, or its forward lacks an argument MuToR needs.
+        ValueError: ``attention`` is neither ``"auto"`` nor ``"dense"``, the model's family or attention
+            backend is not supported, or ``loss_chunk_size`` is not allowed for it.
+    """
 
     config_class, config_file, config_attr = MuToRConfig, SIDECAR_CONFIG, "mutor_config"
     weights_file = SIDECAR_WEIGHTS
@@ -103,6 +124,7 @@ class MuToRModel(TrainingWrapper):
         return layout.num_registers
 
     def offset_names(self) -> list[str]:
+        """Labels of the per-offset outputs: ``"d=3"``, or ``"dh=2,dw=1"`` in 2D mode."""
         return self.mutor_config.offset_names()
 
     def extra_position_params(self, inputs: dict, params: int) -> int:
@@ -117,6 +139,11 @@ class MuToRModel(TrainingWrapper):
         return None if self._generator is None else self._generator.get_state()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore the private offset generator (what :meth:`rng_state` returned).
+
+        Raises:
+            ValueError: The model has no private generator (``MuToRConfig.seed`` is None).
+        """
         if self._generator is None:
             raise ValueError("this MuToRModel has no private generator (MuToRConfig.seed is None)")
         self._generator.set_state(state)
@@ -135,14 +162,28 @@ class MuToRModel(TrainingWrapper):
         counted_layout: Optional[RegisterLayout] = None,
         **kwargs: Any,
     ) -> MuToROutput:
-        """One training forward.
+        """One training forward: registers placed, the model run once, both losses computed.
 
-        ``labels`` are aligned with ``input_ids`` (-100 on prompt and padding), as for a plain
-        causal LM; None means every non-padding token. ``position_ids`` mark packed documents.
-        ``offset_index`` (B,) overrides the sampled offsets (indices into ``offset_choices()``).
-        ``num_items_in_batch`` / ``num_registers_in_batch`` replace the per-batch denominators
-        of the two losses (token-weighted means under gradient accumulation). ``counted_layout`` is the layout
-        :meth:`count_reg_targets` built for this batch (the trainer hands it on), used instead of building it again.
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T), 1 on tokens and 0 on padding.
+            labels: (B, T) aligned with ``input_ids``, -100 where no loss (prompt, padding), as for a plain causal
+                LM; None: every non-padding token.
+            position_ids: (B, T) per-document positions: packed documents neither attend to each other nor
+                share registers.
+            offset_index: (B,) each row's offset, as an index into ``config.offset_choices()``; None: drawn.
+            num_items_in_batch: Next-token targets in the whole accumulated batch, the next-token loss's
+                denominator (token-weighted means under gradient accumulation); None: this batch's.
+            num_registers_in_batch: Registers in the whole accumulated batch, the register loss's denominator;
+                None: this batch's.
+            return_logits: Also return the logits of every loss row and the layout.
+            counted_layout: The layout :meth:`count_reg_targets` built for this batch (the trainer hands it on),
+                used instead of building it again.
+            **kwargs: Passed on to the base model.
+
+        Returns:
+            A :class:`~mutor.MuToROutput`: the loss, its next-token and register parts, and the register loss
+            and accuracy per offset.
         """
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids, self.device)
         cfg = self.mutor_config

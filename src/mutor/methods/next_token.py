@@ -29,6 +29,15 @@ __all__ = ["NextTokenConfig", "NextTokenModel"]
 
 @dataclass
 class NextTokenConfig(JsonConfig):
+    """Configuration of the next-token baseline. Validated on construction.
+
+    Args:
+        prefix_attention: ``"causal"`` or ``"bidirectional"`` (prompt tokens attend to the whole prompt).
+
+    Raises:
+        ValueError: Any other ``prefix_attention``.
+    """
+
     prefix_attention: str = field(default="causal", metadata={"help": "'causal' or 'bidirectional' (prompt tokens "
                                                                       "attend to the whole prompt)."})
 
@@ -37,7 +46,22 @@ class NextTokenConfig(JsonConfig):
 
 
 class NextTokenModel(TrainingWrapper):
-    """Wrap ``base`` for next-token training with a bidirectional prefix and/or the chunked loss."""
+    """The next-token baseline under mutor's attention mask and loss path, with nothing added to the model.
+
+    Needed only with a bidirectional prefix or a chunked loss; otherwise :meth:`wrap` returns the base model
+    itself.
+
+    Args:
+        base: A transformers ``*ForCausalLM`` or a peft model around one.
+        config: The baseline's settings (default: ``NextTokenConfig()``).
+        loss_chunk_size: None: logits through the model's own head. A positive int: the output projection and
+            cross-entropy computed this many rows at a time (less memory; needs a plain linear output layer).
+
+    Raises:
+        TypeError: ``base`` is not a transformers model.
+        ValueError: The model's attention backend cannot take mutor's mask, or ``loss_chunk_size`` is not
+            allowed for it.
+    """
 
     config_class, config_file, config_attr = NextTokenConfig, NT_CONFIG, "next_token_config"
 
@@ -49,8 +73,18 @@ class NextTokenModel(TrainingWrapper):
 
     @classmethod
     def wrap(cls, base: nn.Module, config: NextTokenConfig, loss_chunk_size: Optional[int] = None) -> nn.Module:
-        """``base`` itself when nothing differs from a plain model's training (causal prompt, the model's own
-        loss); otherwise the same mask or the same chunked loss as the other methods, and nothing else."""
+        """The module to train for this baseline.
+
+        Args:
+            base: The model.
+            config: The baseline's settings.
+            loss_chunk_size: As for the constructor.
+
+        Returns:
+            ``base`` itself when nothing differs from a plain model's training (causal prompt, the model's own
+            loss); otherwise a ``NextTokenModel`` (the same mask or the same chunked loss as the other methods,
+            and nothing else).
+        """
         if config.prefix_attention == "causal" and loss_chunk_size is None:
             return base
         return cls(base, config, loss_chunk_size=loss_chunk_size)
@@ -70,8 +104,22 @@ class NextTokenModel(TrainingWrapper):
         num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
         **kwargs: Any,
     ) -> MuToROutput:
-        """The next-token loss of the base model under mutor's mask (bidirectional prefix, packed documents,
-        sliding windows: :func:`mutor.core.masks.build_attention_mask`), through the chunked loss when configured."""
+        """The next-token loss of the base model under mutor's mask.
+
+        The mask (:func:`mutor.core.masks.build_attention_mask`) applies the bidirectional prefix, packed
+        documents and sliding windows; the loss goes through the chunked projection when configured.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T), 1 on tokens and 0 on padding.
+            labels: (B, T) aligned with ``input_ids``, -100 where no loss; None: every non-padding token.
+            position_ids: (B, T) per-document positions of packed sequences.
+            num_items_in_batch: Next-token targets in the whole accumulated batch (the loss denominator).
+            **kwargs: Passed on to the base model (MuToR-only keys are dropped).
+
+        Returns:
+            A :class:`~mutor.MuToROutput` with the loss and ``ntp_loss`` (no register in it).
+        """
         for unused in ("offset_index", "num_registers_in_batch", COUNTED_LAYOUT):
             kwargs.pop(unused, None)
         input_ids, attention_mask, labels = prepare_inputs(input_ids, attention_mask, labels, position_ids,

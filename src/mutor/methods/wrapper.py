@@ -47,10 +47,30 @@ COUNTED_LAYOUT = "counted_layout"   # batch key: the layout count_reg_targets bu
 
 @dataclass
 class MuToROutput(ModelOutput):
-    """What every wrapper's forward returns. Means come from :func:`objective_output`; per-offset tensors
-    follow the wrapper's :meth:`~TrainingWrapper.offset_names`, and an offset with no register in the batch
-    (``reg_count_per_offset`` 0) has NaN loss and accuracy, not 0. The ``*_sum`` fields (detached) are what
-    the means divide: the trainer accumulates them."""
+    """What every wrapper's forward returns (MuToR, the Multi-Token baseline, the next-token baseline).
+
+    For the Multi-Token baseline the "registers" are its extra heads' targets, reported under the same names.
+    Per-offset tensors follow the wrapper's :meth:`~TrainingWrapper.offset_names`; an offset with no register
+    in the batch (``reg_count_per_offset`` 0) has NaN loss and accuracy, not 0.
+
+    Attributes:
+        loss: ``(1 - a) * ntp_loss + a * reg_loss``, the loss to backpropagate.
+        ntp_loss: Mean next-token cross-entropy.
+        reg_loss: Mean register cross-entropy.
+        reg_accuracy: Share of registers whose top-1 prediction is their target.
+        reg_loss_per_offset: (K,) mean register cross-entropy per offset.
+        reg_accuracy_per_offset: (K,) register top-1 accuracy per offset.
+        reg_count_per_offset: (K,) registers per offset in this batch.
+        num_registers: Registers in this batch.
+        num_ntp_tokens: Next-token targets in this batch.
+        logits: With ``return_logits=True`` (MuToR without ``loss_chunk_size``): (N, V) logits of the loss rows,
+            in the order of ``layout.loss_rows()``.
+        layout: With ``return_logits=True``: the batch's :class:`~mutor.RegisterLayout`.
+        ntp_loss_sum: Sum that ``ntp_loss`` divides (detached); the trainer accumulates it.
+        reg_loss_sum: Sum that ``reg_loss`` divides (detached).
+        reg_loss_sum_per_offset: (K,) sums that ``reg_loss_per_offset`` divides.
+        reg_hits_per_offset: (K,) top-1 hits per offset.
+    """
 
     loss: Optional[torch.Tensor] = None
     ntp_loss: Optional[torch.Tensor] = None
@@ -392,10 +412,21 @@ class TrainingWrapper(nn.Module):
                         **kwargs: Any) -> None:
         """Write the base model's own checkpoint plus the sidecar, atomically.
 
-        Everything goes to a temporary sibling directory first, which then replaces ``save_directory``:
-        a crash never leaves a half-written checkpoint behind. ``state_dict``: this wrapper's full state
-        dict as FSDP / DeepSpeed ZeRO-3 gather it (``base_model.*`` and the wrapper's own keys); under
-        those the live parameters are shards or empty placeholders, so both parts are written from it.
+        The base model is saved exactly as transformers / peft would save it, so the directory loads with
+        ``AutoModelForCausalLM.from_pretrained`` (or peft) without mutor; the sidecar (``config_file``, and
+        ``weights_file`` for a wrapper with parameters of its own) is what :meth:`from_pretrained` reads back.
+        Everything goes to a temporary sibling directory first, which then replaces ``save_directory``: a crash
+        never leaves a half-written checkpoint behind.
+
+        Args:
+            save_directory: The checkpoint directory; replaced if it exists.
+            state_dict: This wrapper's full state dict as FSDP / DeepSpeed ZeRO-3 gather it (``base_model.*``
+                and the wrapper's own keys); under those the parameters held by each process are shards or
+                empty placeholders, so both parts are written from it. None: the parameters themselves.
+            **kwargs: Passed on to the base model's ``save_pretrained``.
+
+        Raises:
+            ValueError: ``state_dict`` is not this wrapper's full, gathered state dict.
         """
         from safetensors.torch import save_file
 
@@ -417,9 +448,18 @@ class TrainingWrapper(nn.Module):
         replace_directory(save_directory, fill)
 
     def load_sidecar(self, path: Union[str, os.PathLike], parameters: bool = True) -> None:
-        """Load what only mutor knows from a checkpoint directory: the wrapper's own parameters (unless
-        ``parameters=False``, e.g. after FSDP loaded the whole wrapper) and the offset generator's state.
-        The base model's weights are not touched (Trainer resumes them from the vanilla checkpoint)."""
+        """Load what only mutor knows from a checkpoint directory.
+
+        The base model's weights are not touched (Trainer resumes them from the vanilla checkpoint).
+
+        Args:
+            path: A directory written by :meth:`save_pretrained`.
+            parameters: Load the wrapper's own parameters; False: only the offset generator's state (e.g. after
+                FSDP loaded the whole wrapper).
+
+        Raises:
+            ValueError: The saved parameters do not fit this wrapper (missing, unexpected or reshaped).
+        """
         from safetensors.torch import load_file
 
         if self.weights_file is None:
@@ -455,9 +495,18 @@ class TrainingWrapper(nn.Module):
                         **kwargs: Any) -> "TrainingWrapper":
         """Restore a wrapper saved by :meth:`save_pretrained` (a peft adapter directory works too).
 
-        The constructor's ``options`` (e.g. ``loss_chunk_size``; not saved: they change how the loss is
-        computed, not what is learned) are taken from ``kwargs``; the rest go to the base model's
-        ``from_pretrained``.
+        Args:
+            path: The checkpoint directory.
+            base: The base model, already loaded; None: loaded from ``path`` (a peft adapter on its recorded
+                base, trainable, or a plain transformers checkpoint).
+            **kwargs: The constructor's ``options`` (e.g. ``loss_chunk_size``: not saved, since they change how
+                the loss is computed, not what is learned); the rest go to the base model's ``from_pretrained``.
+
+        Returns:
+            The wrapper, with its config, own parameters and offset generator state as saved.
+
+        Raises:
+            FileNotFoundError: ``path`` lacks the wrapper's sidecar files (e.g. a plain transformers checkpoint).
         """
         path = Path(path)
         for f in (cls.config_file, cls.weights_file):

@@ -46,9 +46,8 @@ def add_parser(sub) -> None:
                         "(lossless greedy self-speculative decoding, batch 1): 'auto' picks each step's draft "
                         "length for the most tokens/s (plain greedy when drafts do not pay), an integer K always "
                         "drafts offsets 2..K; the summary records acceptance per offset, tokens per forward and "
-                        "tokens/s. Decodes one prompt at a time: it cuts one request's latency (1.65x greedy at "
-                        "batch 1 on a trained SmolLM2 gsm run); to score a whole split, batched greedy "
-                        "(--batch-size, without this flag) is faster (3x drafting's tokens/s there)")
+                        "tokens/s. Decodes one prompt at a time: it cuts one request's latency; to score a whole "
+                        "split, batched greedy decoding (--batch-size, without this flag) is faster")
     p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(command="eval")

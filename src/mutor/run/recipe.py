@@ -129,6 +129,11 @@ CONFIG_DIR = Path(__file__).parents[1] / "configs"
 
 @dataclass
 class ModelArgs:
+    """The ``model`` block of a recipe: which model to train and how to load it.
+
+    Each field's ``help`` metadata says what it takes.
+    """
+
     name_or_path: Optional[str] = field(
         default=None, metadata={"help": "Hub id or local directory of a causal LM (from_pretrained), or a model "
                                         "shipped on PyPI (pypi:smollm2-135m-instruct, pypi:gemma-3-270m; see "
@@ -171,6 +176,11 @@ class ModelArgs:
 
 @dataclass
 class Recipe:
+    """A training recipe, validated on construction (see the module docstring for its blocks).
+
+    Each field's ``help`` metadata says what it takes; :func:`load_recipe` reads one from YAML with overrides.
+    """
+
     method: Union[str, list] = field(
         default="mutor", metadata={"help": "next_token | mutor | multi_token, or a list of them: the same run "
                                            "once per method (same init, same data order) and a comparison."})

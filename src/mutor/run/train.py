@@ -12,7 +12,7 @@ table is printed: all of it rendered by :mod:`mutor.eval.compare`, which ``mutor
 
 ``resume=True`` continues every method from its last checkpoint (same data order, same
 offsets) and skips methods whose ``summary.json`` says they finished, so a long comparison can
-span several sessions.
+be run in several parts.
 
 Guards, all before anything trains (:func:`check_run`): every block of the recipe is validated
 for every method (``TrainingArguments``, ``LoraConfig``, the methods' configs, the task name,

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _leave_process_group() -> None:
     """Under torchrun, end the process group before the process ends: left to interpreter exit, a resumed
-    2-process FSDP run aborted there (after saving) whenever DeepSpeed was installed beside it."""
+    multi-process FSDP run can abort there (after saving) when DeepSpeed is installed beside it."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

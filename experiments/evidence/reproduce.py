@@ -1,0 +1,221 @@
+"""Train and score one evidence row again, into a scratch directory, and print it beside the committed row.
+
+    python experiments/evidence/reproduce.py rg-word-reversal/mutor_s0
+    python experiments/evidence/reproduce.py gsm-smollm2-lora/next_token_s1 --split test --scratch /tmp/repro
+
+The run is trained and scored by the driver's own stages (``driver.py``'s :meth:`Driver.train_and_score` and
+:meth:`Driver.row`: the plan's recipe, overrides, seed, budget and evaluation protocol), with the committed row's
+thread count, into ``--scratch`` (default ``runs/reproduce``, ignored by git): the run directory under
+``runs/``, the fresh row in ``results.jsonl`` and its scored generations under ``generations/``. Nothing in the
+checkout changes, and nothing is committed. A scratch directory that already holds the finished run is scored
+again without training; delete it to train again. Only the results row is reproduced, not the drafting or
+first-hop rows.
+
+What counts as reproduced, for each split compared (exit status 0 when every one does, 1 otherwise):
+
+* ``identical``: every per-example score equals the committed one. This is what to expect on the kind of
+  CPU the row was trained on, with its thread count and library versions: training and decoding are then
+  deterministic (the same seed, data order and summation order give the same weights, to the last bit).
+* ``within tolerance``: the fresh score differs from the committed one by no more than the half-width of the
+  committed score's 95 % per-example interval (``t(n-1) * s / sqrt(n)`` over its ``n`` held-out examples; 5.7
+  points for a score of 50 % on 300 examples). Another CPU, thread count or library version sums in another
+  order, so the weights differ by rounding and some answers flip; such a run is one more draw from the noise the
+  row's interval already describes, and a difference that size changes no reading of the row (the claim rule
+  never reads a difference on a narrower interval than the per-example one).
+* ``NOT reproduced``: a larger difference.
+
+The held-out answer loss (where the row has one) is compared the same way, with its own standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import driver
+from report import _per, generations_path, load
+
+from mutor.eval.claims import decimals, t_critical
+
+HERE = Path(__file__).resolve().parent
+
+
+def _mean_half(xs: list[float]) -> tuple[float, float]:
+    """The mean of ``xs`` and the half-width of its 95 % t-interval (NaN below two values)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, t_critical(n - 1) * sd / math.sqrt(n)
+
+
+def _answers(path: Path) -> Optional[list[str]]:
+    """The generations of a kept ``<split>.jsonl.gz`` (None when it is not there)."""
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt") as f:
+        return [json.loads(x).get("generation") for x in f if x.strip()]
+
+
+def compare(committed: dict, fresh: dict, splits: Optional[list[str]] = None,
+            committed_answers: Optional[dict] = None, fresh_answers: Optional[dict] = None) -> list[dict]:
+    """The fresh row beside the committed one, split by split, with the tolerance decision.
+
+    Args:
+        committed: The committed results row.
+        fresh: The row trained and scored again.
+        splits: The splits to compare (default: every split of the committed row).
+        committed_answers: Split -> the committed generations, where kept.
+        fresh_answers: Split -> the fresh generations.
+
+    Returns:
+        One dict per split and measure: ``split``, ``measure``, ``committed``, ``fresh``, ``difference``,
+        ``tolerance`` (half-width of the committed value's 95 % interval), ``n``, ``same_items`` (per-example
+        scores equal), ``same_answers`` (generations equal, None when either side has none kept) and
+        ``status`` (``identical``, ``within tolerance`` or ``NOT reproduced``).
+
+    Raises:
+        SystemExit: When a split asked for is not in both rows.
+    """
+    out = []
+    for split in splits or list(committed["splits"]):
+        if split not in committed["splits"] or split not in fresh["splits"]:
+            raise SystemExit(f"split {split!r}: not in both rows (committed: {sorted(committed['splits'])}, "
+                             f"fresh: {sorted(fresh['splits'])})")
+        c, f = _per(committed, split, "per_example"), _per(fresh, split, "per_example")
+        if c is None or f is None or len(c) != len(f):
+            raise SystemExit(f"split {split!r}: the rows do not have per-example scores of the same examples")
+        mc, half = _mean_half(c)
+        mf = sum(f) / len(f)
+        same = sum(a == b for a, b in zip(c, f))
+        ca, fa = (committed_answers or {}).get(split), (fresh_answers or {}).get(split)
+        answers = sum(a == b for a, b in zip(ca, fa)) if ca is not None and fa is not None and len(ca) == len(fa) else None
+        status = "identical" if same == len(c) else "within tolerance" if abs(mf - mc) <= half else "NOT reproduced"
+        measure = "exact match (points)" if committed.get("primary", "accuracy") == "accuracy" else \
+            f"{committed['primary'].replace('_', ' ')} (points)"
+        out.append({"split": split, "measure": measure, "committed": mc, "fresh": mf, "difference": mf - mc,
+                    "tolerance": half, "n": len(c), "same_items": same, "same_answers": answers, "status": status})
+        sc, sf = committed["splits"][split], fresh["splits"][split]
+        if sc.get("answer_loss") is not None and sf.get("answer_loss") is not None:
+            tol = t_critical(max(1, (sc.get("n") or 2) - 1)) * (sc.get("answer_loss_se") or 0.0)
+            lc, lf = sc["answer_loss"], sf["answer_loss"]
+            status = "identical" if lc == lf else "within tolerance" if abs(lf - lc) <= tol else "NOT reproduced"
+            out.append({"split": split, "measure": "answer loss (nats)", "committed": lc, "fresh": lf,
+                        "difference": lf - lc, "tolerance": tol, "n": sc.get("n"), "same_items": None,
+                        "same_answers": None, "status": status})
+    return out
+
+
+def reproduced(lines: list[dict]) -> bool:
+    """Whether every compared split and measure is identical or within tolerance."""
+    return bool(lines) and all(x["status"] != "NOT reproduced" for x in lines)
+
+
+def table(lines: list[dict]) -> str:
+    """The comparison as a Markdown table, in the digits the tolerance supports."""
+    out = ["| split | measure | committed | fresh | difference | tolerance (±) | same per-example scores | "
+           "same answers | reading |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in lines:
+        d = decimals(x["tolerance"], default=1)
+        same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
+        answers = "-" if x["same_answers"] is None else f"{x['same_answers']}/{x['n']}"
+        out.append(f"| {x['split']} | {x['measure']} | {x['committed']:.{d}f} | {x['fresh']:.{d}f} | "
+                   f"{x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | {answers} | {x['status']} |")
+    return "\n".join(out)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """A nested recipe as ``{"training.learning_rate": 1e-4, ...}``."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def recipe_note(committed: dict, fresh: dict) -> str:
+    """Whether the fresh run's resolved recipe is the one the committed row records."""
+    old, new = committed.get("resolved_recipe"), fresh.get("resolved_recipe")
+    if old is None:
+        return "resolved recipe: the committed row records none (the plan's entry is its recipe)"
+    if old == new:
+        return "resolved recipe: the same as the committed row's"
+
+    a, b = _flat(old), _flat(new or {})
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return "resolved recipe: DIFFERS from the committed row's in " + ", ".join(keys)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", metavar="GROUP/RUN", help="the row to reproduce, e.g. rg-word-reversal/mutor_s0")
+    ap.add_argument("--scratch", type=Path, default=driver.REPO / "runs" / "reproduce",
+                    help="where the run, the fresh row and its generations go (default: runs/reproduce)")
+    ap.add_argument("--split", action="append", default=None,
+                    help="compare only this split (repeatable; default: every split of the row)")
+    ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml")
+    ap.add_argument("--results", type=Path, default=None, help="the committed rows (default: the plan's results)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for training (default: the committed row's; another count sums in another order)")
+    args = ap.parse_args(argv)
+
+    plan, runs = driver.load_plan(args.plan)
+    wanted = tuple(args.run.split("/", 1)) if "/" in args.run else None
+    run = next((r for r in runs if r.key == wanted), None)
+    if run is None:
+        raise SystemExit(f"{args.run}: no such run in {args.plan} (GROUP/RUN, e.g. "
+                         f"{runs[0].group['name']}/{runs[0].name}; `driver.py --list` lists them)")
+    results = args.results or (driver.REPO / plan["results"])
+    committed = next((r for r in load(results) if (r["group"], r["run"]) == run.key), None)
+    if committed is None:
+        raise SystemExit(f"{args.run}: no committed row in {results}; the driver trains it (driver.py --only "
+                         f"'{args.run}')")
+    scratch = args.scratch.resolve()
+    threads = args.threads or committed.get("threads") or 1
+    opts = argparse.Namespace(runs_dir=str(scratch / "runs"), results=str(scratch / "results.jsonl"),
+                              threads=threads, commit=False, slots=1, retrain=False)
+    drv = driver.Driver(plan, opts)
+    signal.signal(signal.SIGTERM, drv.stop)          # a stopped reproduction stops its children
+    signal.signal(signal.SIGINT, drv.stop)
+    d = drv.runs_dir / run.group["name"] / run.name
+    d.parent.mkdir(parents=True, exist_ok=True)
+    drv.log(run, f"reproducing into {d} ({threads} thread{'s' if threads > 1 else ''}, the committed row's: "
+                 f"{committed.get('threads', '?')})")
+    try:
+        ev, losses = drv.train_and_score(run, d)
+    except RuntimeError as err:
+        raise SystemExit(f"{args.run}: {err}") from None
+    if drv.stopping:
+        return 1
+    fresh = drv.row(run, d, ev, losses)
+    kept = [r for r in load(drv.results) if (r["group"], r["run"]) != run.key]       # one row per run here
+    drv.results.write_text("".join(json.dumps(r) + "\n" for r in [*kept, fresh]))
+    drv.keep_generations(fresh, ev)
+
+    splits = args.split or list(committed["splits"])
+    old = {s: _answers(generations_path(results, *run.key, s)) for s in splits}
+    new = {s: _answers(generations_path(drv.results, *run.key, s)) for s in splits}
+    lines = compare(committed, fresh, splits, old, new)
+    print(f"\n{args.run}: committed row (code {committed.get('code', '?')}, {committed.get('finished_at', '?')}) "
+          f"beside the fresh one (code {fresh['code']}, row in {drv.results})\n")
+    print(table(lines))
+    print(f"\ntraining next-token loss at the end: committed {committed.get('train_ntp_loss_last')}, "
+          f"fresh {fresh.get('train_ntp_loss_last')}")
+    print(recipe_note(committed, fresh))
+    ok = reproduced(lines)
+    print("reproduced" + (" (identical)" if all(x["status"] == "identical" for x in lines) else " (within tolerance)")
+          if ok else "NOT reproduced: a difference beyond the committed row's 95 % per-example interval")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
