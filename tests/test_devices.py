@@ -117,14 +117,21 @@ def test_greedy_generate_sends_prompts_and_decoded_tokens_to_the_model_device(mo
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("mode", ["causal", "bidirectional"])
 def test_greedy_generate_in_bfloat16(mode, attn):
-    """bf16 decoding gives fp32's tokens where fp32's choices are clear: the output layer is scaled up so
-    that every step's top logit leads by far more than bf16's rounding."""
+    """bf16 decoding gives fp32's tokens where fp32's choices are clear. The model is made to leave no near-tie
+    for bf16's rounding to break, on any CPU: the blocks' outputs are scaled down and each output row is a scaled
+    copy of one token's embedding, so the next token is a fixed permutation of the last one, led by a margin of
+    many logits, while attention (and its mask, in bf16) still runs in every layer."""
     import copy
 
     ref = tiny_causal_lm(TASK.vocab_size, seed=0, attn_implementation=attn, bos_token_id=None,
                          eos_token_id=None).eval()
     with torch.no_grad():
-        ref.get_output_embeddings().weight.mul_(40.0)
+        for name, weight in ref.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                weight.mul_(0.05)
+        embed = ref.get_input_embeddings().weight
+        perm = torch.randperm(embed.shape[0], generator=torch.Generator().manual_seed(0))
+        ref.get_output_embeddings().weight.copy_(10.0 * torch.nn.functional.normalize(embed[perm], dim=-1))
     model = copy.deepcopy(ref).to(torch.bfloat16)
     out = greedy_generate(model, PROMPTS, 5, pad_id=0, eos_id=None, prefix_attention=mode)
     assert [len(r) for r in out] == [5, 5, 5]
