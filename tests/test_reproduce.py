@@ -75,6 +75,7 @@ def test_start_sh_commits_nothing_unless_asked():
     assert "--commit" not in launch.split('"$@"')[0]                         # only what the caller passes
 
 
+@pytest.mark.slow
 def test_reproduce_trains_a_committed_row_again_into_scratch_and_finds_it_identical(tmp_path):
     """A tiny random model (no Hub): the driver writes a row, with its resolved recipe; reproduce.py trains and
     scores the same run in a scratch directory, prints it beside the committed row and finds every answer the

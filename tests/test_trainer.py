@@ -229,7 +229,7 @@ def test_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tmp_path, se
     assert (before[1] is None and model.rng_state() is None) or torch.equal(model.rng_state(), before[1])
     for key in ("eval_loss", "eval_ntp_loss", "eval_reg_loss"):
         assert first[key] == second[key], key
-    assert first["eval_loss"] == pytest.approx(0.7 * first["eval_ntp_loss"] + 0.3 * first["eval_reg_loss"], rel=0.05)
+    assert first["eval_loss"] == pytest.approx(0.7 * first["eval_ntp_loss"] + 0.3 * first["eval_reg_loss"], abs=1e-6)
 
 
 def test_total_flos_counts_the_positions_each_method_runs(tmp_path):
@@ -535,7 +535,7 @@ def test_each_method_lowers_its_loss_on_fixture_data(tmp_path, method):
 def test_missing_column_and_empty_data_fail_before_training(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "2+2?", "answer": "4"}\n')
-    with pytest.raises(ValueError, match="lacks column.*'question'"):
+    with pytest.raises(ValueError, match=r"bad.jsonl.*no field.*\['question'\]"):
         run_recipe(dict(RECIPE, data={"task": "gsm8k", "path": str(bad)},
                         training={**RECIPE["training"], "output_dir": str(tmp_path / "a")}), quiet=True)
     with pytest.raises(ValueError, match="longer than max_length=20"):

@@ -35,7 +35,7 @@ log = logging.getLogger("mkdocs.hooks.reference")
 
 _DIRECTIVE = re.compile(r"^<!-- mutor:(?P<kind>[a-z-]+)(?: (?P<arg>[^>]*?))? -->[ \t]*$", re.M)
 # keys the training run reads from the data block itself, for every task, before the task's builder sees it
-_RUN_KEYS = {"task", "packing"}
+_RUN_KEYS = {"task", "packing", "truncate_to_model"}
 
 
 def on_config(config, **kwargs):

@@ -1,6 +1,6 @@
 """GSM-Symbolic word problems from reasoning-gym, in the paper's GSM8K template: real data, generated here.
 
-reasoning-gym (``pip install -e ".[real]"`` in the mutor checkout)
+reasoning-gym (``pip install -e ".[reasoning-gym]"`` in the mutor checkout)
 ships the GSM-Symbolic templates as Python
 generators: each template (a GSM8K problem with its numbers and names made variables) draws a
 new instance from a ``random.Random`` and returns the question, its chain of thought (GSM8K
@@ -57,8 +57,8 @@ _OPTIONS = set(DEFAULTS) | {"num_proc"}
 def _generators() -> dict:
     """reasoning-gym's template generators by id, restricted to the templates it marks correct."""
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise MutorUserError('task gsm_symbolic needs reasoning-gym: pip install -e ".[real]" in the mutor checkout '
-                             "(or pip install reasoning-gym)")
+        raise MutorUserError('task gsm_symbolic needs reasoning-gym: pip install -e ".[reasoning-gym]" in the mutor '
+                             "checkout (or pip install reasoning-gym)")
     from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import (GSMSymbolicDataset, GSMSymbolicDatasetConfig,
                                                                     tasks_ok)
 

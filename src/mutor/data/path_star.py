@@ -1,6 +1,6 @@
 """reasoning-gym's ``path_star`` graphs as an independent source of test graphs for our star-graph evaluator.
 
-reasoning-gym (``pip install -e ".[real]"`` in the mutor checkout)
+reasoning-gym (``pip install -e ".[reasoning-gym]"`` in the mutor checkout)
 generates path-star graphs with its own code, its own
 random streams and its own text format: a natural-language instruction, then
 ``|u v|u v|.../s g = `` with node labels up to ``node_range`` (100,000), and the answer
@@ -88,8 +88,8 @@ def path_star_examples(shape: StarGraphShape, n: int, seed: int = 0, exclude: Op
 
     Graphs whose problem is in ``exclude`` (training keys) are skipped and replaced by further items."""
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise MutorUserError('--source path_star needs reasoning-gym: pip install -e ".[real]" in the mutor checkout '
-                             "(or pip install reasoning-gym)")
+        raise MutorUserError('--source path_star needs reasoning-gym: pip install -e ".[reasoning-gym]" in the mutor '
+                             "checkout (or pip install reasoning-gym)")
     import reasoning_gym
 
     if shape.num_nodes < shape.nodes_per_graph:

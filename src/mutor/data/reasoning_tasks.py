@@ -1,6 +1,6 @@
 """Any reasoning-gym task as a prompt/completion task, scored by the task's own verifier.
 
-reasoning-gym (``pip install -e ".[real]"``) generates procedural reasoning problems (sorting, reversing,
+reasoning-gym (``pip install -e ".[reasoning-gym]"``) generates procedural reasoning problems (sorting, reversing,
 search, puzzles) with a scorer per task (``dataset.score_answer(answer, entry)``). ``data.task:
 reasoning_gym`` with ``data.dataset: <name>`` (and ``data.config``, the task's own generator options)
 trains on its items rendered as ``"Question: {question}\\n\\nAnswer:"`` + ``" {answer}"`` + eos (the loss
@@ -50,7 +50,7 @@ def _check(options: dict) -> dict:
                              f"{sorted(_OPTIONS)}")
     o = {**DEFAULTS, **options}
     if importlib.util.find_spec("reasoning_gym") is None:
-        raise MutorUserError('task reasoning_gym needs reasoning-gym: pip install -e ".[real]" in the mutor '
+        raise MutorUserError('task reasoning_gym needs reasoning-gym: pip install -e ".[reasoning-gym]" in the mutor '
                              "checkout (or pip install reasoning-gym)")
     from reasoning_gym.factory import DATASETS
 

@@ -50,6 +50,7 @@ _BUILDERS: dict[str, Callable[..., TrainingData]] = {}
 # name -> module that registers it (imported on first use)
 _LAZY = {
     "prompt_completion": "mutor.data.text",
+    "chat": "mutor.data.chat",
     "text": "mutor.data.text",
     "gsm8k": "mutor.data.text",
     "omi2_1m_gsm": "mutor.data.text",

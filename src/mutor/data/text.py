@@ -19,6 +19,7 @@ documents.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -36,28 +37,136 @@ def _check_options(options: dict, allowed: set, task: str) -> None:
 
 
 def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_config: Optional[str] = None,
-              split: Optional[str] = "train"):
-    """A ``datasets.Dataset`` from a local JSON/JSONL/Parquet/CSV file (or directory of them), or from the Hub."""
+              split: Optional[str] = "train", what: str = "data.path"):
+    """A ``datasets.Dataset`` from a local JSON/JSONL/Parquet/CSV file (or directory of them), or from the Hub.
+
+    Args:
+        path: A local file or directory; ``None`` loads ``hub_id`` instead.
+        hub_id: A Hub dataset id, used when ``path`` is ``None``.
+        hub_config: The Hub dataset's configuration name.
+        split: The Hub split.
+        what: How the user named ``path`` (``data.path``, ``data.eval_path``, ``--data``): every error says it.
+
+    Returns:
+        The rows, a ``datasets.Dataset``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        MutorUserError: A file that is not UTF-8 text, or a JSON line that does not parse (naming the file and
+            the line), an unsupported file type, an empty file.
+    """
     import datasets
+
+    from ..utils.errors import MutorUserError
 
     if path is not None:
         p = os.fspath(path)
         if not os.path.exists(p):
-            raise FileNotFoundError(f"data.path {p!r} does not exist")
+            raise FileNotFoundError(f"{what} {p!r} does not exist")
         files = sorted(os.path.join(p, f) for f in os.listdir(p)) if os.path.isdir(p) else [p]
         ext = os.path.splitext(files[0])[1].lower().lstrip(".")
         builder = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv", "txt": "text"}.get(ext)
         if builder is None:
-            raise ValueError(f"data.path {p!r}: unsupported file type {ext!r} (use .jsonl, .json, .parquet, .csv, .txt)")
+            raise ValueError(f"{what} {p!r}: unsupported file type {ext!r} (use .jsonl, .json, .parquet, .csv, .txt)")
         if all(os.path.getsize(f) == 0 for f in files):
-            raise ValueError(f"data.path {p!r} is empty: no examples to read")
+            raise ValueError(f"{what} {p!r} is empty: no examples to read")
+        if builder != "parquet":          # Arrow keeps undecodable bytes and fails later, far from the file
+            for f in files:
+                _check_utf8(f, what)
         try:
-            return datasets.load_dataset(builder, data_files=files, split="train")
+            with _quiet_datasets():
+                return datasets.load_dataset(builder, data_files=files, split="train")
         except (StopIteration, datasets.exceptions.DatasetGenerationError) as err:   # e.g. only blank lines
-            raise ValueError(f"data.path {p!r}: cannot read it as {builder} ({type(err).__name__}: {err})") from None
+            if builder == "json":
+                for f in files:
+                    _check_json_lines(f, what)
+            cause = err.__cause__ or err.__context__
+            reason = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if cause and str(cause) else \
+                f"{type(err).__name__}: {err}"
+            raise MutorUserError(f"{what} {p!r}: cannot read it as {builder} ({reason})") from None
     if hub_id is None:
-        raise ValueError("give data.path (a local file) or a Hub dataset id")
+        raise ValueError(f"give {what} (a local file) or a Hub dataset id")
     return _load_hub_dataset(hub_id, hub_config, split)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """A local file loads without ``datasets``' progress bar and parse-error log: a file that does not parse is
+    reported once, as one line naming the file and line (:func:`_check_json_lines`)."""
+    import logging
+
+    from datasets.utils import logging as ds_logging
+
+    bars_were_on = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()
+    log = logging.getLogger("datasets.packaged_modules.json.json")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        if bars_were_on:
+            ds_logging.enable_progress_bar()
+
+
+def _check_utf8(file: str, what: str) -> None:
+    """Refuse a file that is not UTF-8, naming its first bad line and byte."""
+    import codecs
+
+    from ..utils.errors import MutorUserError
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with open(file, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        return
+    except UnicodeDecodeError:
+        pass
+    with open(file, "rb") as fh:                           # find the line, only when there is one to find
+        for n, line in enumerate(fh, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise MutorUserError(f"{what} {file!r}: line {n} is not UTF-8 text (byte 0x{line[err.start]:02x} at "
+                                     f"column {err.start + 1}); save the file as UTF-8") from None
+    raise MutorUserError(f"{what} {file!r}: ends inside a UTF-8 character (truncated?); save the file as UTF-8")
+
+
+def _json_reason(err) -> str:
+    """``json``'s complaint with its column: "unterminated string starting at column 17"."""
+    msg = err.msg[:1].lower() + err.msg[1:]
+    return f"{msg}{'' if msg.endswith(' at') else ' at'} column {err.colno}"
+
+
+def _check_json_lines(file: str, what: str) -> None:
+    """Refuse a JSON file that does not parse: a JSON Lines file by its first bad line, a whole JSON document (a
+    list of rows) by where the parser stopped."""
+    import json
+
+    from ..utils.errors import MutorUserError
+
+    with open(file, encoding="utf-8") as fh:
+        text = fh.read()
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+            return
+        except json.JSONDecodeError as err:
+            raise MutorUserError(f"{what} {file!r}: line {err.lineno} is not valid JSON: {_json_reason(err)}") from None
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise MutorUserError(f"{what} {file!r}: line {n} is not valid JSON: {_json_reason(err)} (a truncated "
+                                 "line?)") from None
+        if not isinstance(row, dict):
+            raise MutorUserError(f"{what} {file!r}: line {n} is a JSON {type(row).__name__}, not an object (one row "
+                                 "per line: {\"field\": value, ...})")
 
 
 def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[str]):
@@ -138,6 +247,40 @@ def run_data_block(model_path: Optional[str], task: str) -> dict:
     return {}
 
 
+def find_run_recipe(model_path: Optional[str]):
+    """The recorded recipe of the run a model directory (or a checkpoint inside it) came from.
+
+    Args:
+        model_path: A run directory, a ``checkpoint-N`` inside one, or ``None``.
+
+    Returns:
+        ``(path of recipe.yaml, its mapping)``, or ``None`` when there is none (a Hub id, a bare model).
+    """
+    from pathlib import Path
+
+    from ..utils.io import yaml_load
+
+    if model_path is None:
+        return None
+    p = Path(model_path)
+    for d in (p, p.parent, p.parent.parent):
+        f = d / "recipe.yaml"
+        if f.is_file():
+            return f, (yaml_load(f.read_text(), str(f)) or {})
+    return None
+
+
+def resolve_recorded_path(value: Optional[str], recipe: dict) -> Optional[str]:
+    """A data path a recorded recipe names, found as training found it: from the working directory, else from the
+    directory of the recipe the run was started with (``source_dir``). Returned as given when neither exists."""
+    from pathlib import Path
+
+    if value is None or Path(value).is_absolute() or Path(value).exists() or not recipe.get("source_dir"):
+        return value
+    cand = Path(recipe["source_dir"]) / value
+    return str(cand) if cand.exists() else value
+
+
 def _finish(rows, tokenizer, render, max_length: int, limit: Optional[int], num_proc: Optional[int]):
     """Tokenize, drop examples longer than ``max_length``; return (dataset, n_before, n_dropped)."""
     if limit is not None:
@@ -169,7 +312,49 @@ def _missing_columns(template: TextTemplate, rows) -> list[str]:
     return sorted(wanted - have)
 
 
-def _check_no_empty_fields(template: TextTemplate, rows, path, what: str) -> None:
+def check_template_columns(template: TextTemplate, rows, path: Optional[str], what: str) -> None:
+    """Refuse data that lacks a field the templates use, naming the file (or the Hub dataset) and its fields.
+
+    Args:
+        template: The prompt/completion templates.
+        rows: The loaded ``datasets.Dataset``.
+        path: The local file the rows came from, ``None`` for a Hub dataset.
+        what: How the user named ``path`` (``data.path``, ``--data``).
+
+    Raises:
+        MutorUserError: A field is missing; rows with a ``messages`` column are pointed to ``data.task: chat``.
+    """
+    from ..utils.errors import MutorUserError
+
+    missing = _missing_columns(template, rows)
+    if not missing:
+        return
+    where = f"{what} {path!r}" if path else f"the Hub dataset {template.hub_id!r}"
+    hint = ("; rows with a 'messages' list are chat data: data.task: chat" if "messages" in rows.column_names else
+            "; name the fields in data.prompt_template / data.completion_template" if template.name ==
+            "prompt_completion" else "")
+    raise MutorUserError(f"{where}: its rows have no field(s) {missing}, which task {template.name!r} renders "
+                         f"(prompt {template.prompt!r}, completion {template.completion!r}); the rows have "
+                         f"{rows.column_names}{hint}")
+
+
+def check_rows(template: TextTemplate, rows, path: Optional[str], what: str) -> None:
+    """Refuse rows a template cannot render: a field no row has, or a row without a field the templates use.
+
+    Args:
+        template: The prompt/completion templates.
+        rows: The loaded ``datasets.Dataset``.
+        path: The local file the rows came from, ``None`` for a Hub dataset.
+        what: How the user named ``path`` (``data.path``, ``--data``): the error says it.
+
+    Raises:
+        MutorUserError: Naming the file (or Hub dataset), and the row and the field.
+    """
+    check_template_columns(template, rows, path, what)
+    _check_no_empty_fields(template, rows, path, "rows", label=what)
+
+
+def _check_no_empty_fields(template: TextTemplate, rows, path, what: str, label: Optional[str] = None) -> None:
     """A row whose template field is missing (``None`` once ``datasets`` merges the rows' keys) would be trained
     as the text "None": refuse it, naming the file, the row and the field."""
     import string
@@ -182,8 +367,8 @@ def _check_no_empty_fields(template: TextTemplate, rows, path, what: str) -> Non
     for field in wanted:
         empty = [i for i, v in enumerate(rows[field]) if v is None]
         if empty:
-            where = f"data.{'eval_path' if what == 'evaluation' else 'path'} {path!r}" if path else \
-                f"the {what} data"
+            where = f"{label or 'data.' + ('eval_path' if what == 'evaluation' else 'path')} {path!r}" if path \
+                else f"the {what} data"
             raise MutorUserError(f"{where}: row {empty[0]} (0-based, in file order) has no {field!r}, which task "
                                  f"{template.name!r} uses" + (f" ({len(empty)} rows in all)" if len(empty) > 1 else
                                                               "") + "; fill it in or remove the row")
@@ -196,7 +381,8 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     max_length = int(options.get("max_length", template.max_length))
 
     def rows_for(path, split, what):
-        rows = load_rows(path, template.hub_id, template.hub_config, split)
+        rows = load_rows(path, template.hub_id, template.hub_config, split,
+                         what="data.eval_path" if what == "evaluation" else "data.path")
         if template.filter is not None:
             rows = rows.filter(template.filter)
         if template.sample is not None and len(rows) > template.sample:
@@ -211,10 +397,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
                          "give data.path")
     render = lambda ex: (render_prompt(template, ex), render_completion(template, ex))  # noqa: E731
     rows = rows_for(options.get("path"), split, "training")
-    missing = _missing_columns(template, rows)
-    if missing:
-        raise ValueError(f"task {template.name!r}: the training data lacks column(s) {missing} that the template "
-                         f"uses; it has {rows.column_names}")
+    check_template_columns(template, rows, options.get("path"), "data.path")
     _check_no_empty_fields(template, rows, options.get("path"), "training")
     train, n, dropped = _finish(rows, tokenizer, render, max_length, options.get("limit"), options.get("num_proc"))
     if len(train) == 0:
@@ -225,6 +408,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
         eval_rows = rows_for(options.get("eval_path"), options.get("eval_split"), "evaluation")
+        check_template_columns(template, eval_rows, options.get("eval_path"), "data.eval_path")
         _check_no_empty_fields(template, eval_rows, options.get("eval_path"), "evaluation")
         eval_ds, _, d_e = _finish(eval_rows, tokenizer, render, max_length, options.get("eval_limit"),
                                   options.get("num_proc"))
@@ -245,18 +429,45 @@ for _name in TEMPLATES:
     register_task(_name)(_builder)
 
 
+PROMPT_COMPLETION_KEYS = _COMMON | {"hub_id", "hub_config", "prompt_template", "completion_template"}
+
+
+def prompt_completion_template(options: dict) -> TextTemplate:
+    """The templates a ``prompt_completion`` data block names, shared by training and ``mutor eval``.
+
+    Args:
+        options: The recipe's data block (``prompt_template``, ``completion_template``, ``hub_id``, ...).
+
+    Returns:
+        A :class:`TextTemplate` named ``prompt_completion`` (defaults ``"{prompt}"`` and ``"{completion}"``).
+
+    Raises:
+        MutorUserError: A template that is not a string (YAML reads an unquoted ``{prompt}`` as a mapping).
+    """
+    from ..utils.errors import MutorUserError
+
+    defaults = {"prompt_template": "{prompt}", "completion_template": "{completion}"}
+    for key, default in defaults.items():
+        value = options.get(key, default)
+        if not isinstance(value, str):
+            shown = "{" + ", ".join(map(str, value)) + "}" if isinstance(value, dict) else repr(value)
+            raise MutorUserError(f"data.{key} must be a string, got a {type(value).__name__} ({value!r}): YAML reads "
+                                 f"{shown} unquoted as a mapping; quote it: {key}: \"{shown}\" in a recipe, "
+                                 f"'data.{key}=\"{shown}\"' on the command line")
+    return TextTemplate(name="prompt_completion", hub_id=options.get("hub_id"),
+                        hub_config=options.get("hub_config"), prompt=options.get("prompt_template", "{prompt}"),
+                        completion=options.get("completion_template", "{completion}"),
+                        answer_field="completion", splits={"train": options.get("split", "train")},
+                        max_length=int(options.get("max_length", 512)))
+
+
 @register_task("prompt_completion")
 def build_prompt_completion(options: dict, tokenizer, seed: int) -> TrainingData:
     """Any prompt/completion data: ``prompt_template``/``completion_template`` are ``str.format`` strings
     over the example's fields (default: fields ``prompt`` and ``completion`` as they are)."""
-    extra = {"hub_id", "hub_config", "prompt_template", "completion_template"}
-    _check_options(options, _COMMON | extra, "prompt_completion")
-    template = TextTemplate(name="prompt_completion", hub_id=options.get("hub_id"),
-                            hub_config=options.get("hub_config"), prompt=options.get("prompt_template", "{prompt}"),
-                            completion=options.get("completion_template", "{completion}"),
-                            answer_field="completion", splits={"train": options.get("split", "train")},
-                            max_length=int(options.get("max_length", 512)))
-    rest = {k: v for k, v in options.items() if k not in extra}
+    _check_options(options, PROMPT_COMPLETION_KEYS, "prompt_completion")
+    template = prompt_completion_template(options)
+    rest = {k: v for k, v in options.items() if k not in PROMPT_COMPLETION_KEYS - _COMMON}
     return build_from_template(template, rest, tokenizer, seed)
 
 
@@ -269,8 +480,8 @@ def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     max_length = int(options.get("max_length", 1024))
     field = options.get("text_field", "text")
 
-    def build(path, split, limit):
-        rows = load_rows(path, options.get("hub_id"), options.get("hub_config"), split)
+    def build(path, split, limit, what="data.path"):
+        rows = load_rows(path, options.get("hub_id"), options.get("hub_config"), split, what=what)
         if field not in rows.column_names:
             raise ValueError(f"text data has no field {field!r} (fields: {rows.column_names}); set data.text_field")
         if limit is not None:
@@ -293,7 +504,8 @@ def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     train = build(options.get("path"), options.get("split", "train"), options.get("limit"))
     eval_ds = None
     if options.get("eval_path") is not None or options.get("eval_split") is not None:
-        eval_ds = build(options.get("eval_path"), options.get("eval_split"), options.get("eval_limit"))
+        eval_ds = build(options.get("eval_path"), options.get("eval_split"), options.get("eval_limit"),
+                        "data.eval_path")
     info = {"num_examples": len(train), "max_length": max_length, "dropped_too_long": 0}
     return TrainingData(train_dataset=train, eval_dataset=eval_ds, pad_token_id=pad_id_of(tokenizer),
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,

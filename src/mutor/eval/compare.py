@@ -20,7 +20,7 @@ What is unusual: in ``mutor compare`` one run is one sample. A run can have seve
 (its training summary, an evaluation of its final model, a checkpoint selection, the same file
 named twice); they are recognised by the run directory they belong to, only one of them counts
 (a checkpoint selection before an evaluation before the training summary's final evaluation),
-and the table says which were left out, so ``n`` counts distinct runs.
+and the table says which were left out, so each cell's seeds are distinct runs.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..utils.errors import MutorUserError
 from ..utils.io import atomic_write, write_json_atomic, write_text_atomic
 
 __all__ = ["collect_summaries", "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure",
-           "final_eval", "one_per_run", "paired_differences", "print_comparison", "run_of", "verdict",
+           "eval_command", "final_eval", "one_per_run", "paired_differences", "print_comparison", "run_of", "verdict",
            "write_comparison"]
 
 
@@ -60,6 +60,52 @@ def _from_training(data: dict) -> Optional[dict]:
     return {"task": data.get("task", "?"), "split": "held-out", "model": data.get("recipe", "?"), "n": None,
             "metrics": metrics, "primary": data.get("primary_metric") or next(iter(metrics)),
             "method": data["method"], "seed": data.get("seed"), "_training": True}
+
+
+def _local_file(value, source_dir: Optional[str]) -> Optional[str]:
+    """A recipe's data path as ``mutor train`` resolved it (from the working directory, else the recipe's
+    directory), or None when it names no local file."""
+    if not isinstance(value, str) or not value:
+        return None
+    if Path(value).exists() or Path(value).is_absolute() or source_dir is None:
+        return value if Path(value).is_file() else None
+    cand = Path(source_dir) / value
+    return str(cand) if cand.is_file() else None
+
+
+def eval_command(task: str, data: Optional[dict] = None, source_dir: Optional[str] = None,
+                 run_dir: str = "RUN_DIR") -> str:
+    """The ``mutor eval`` command that scores the checkpoints of a run of ``task``.
+
+    Where the task's evaluation reads a Hub split (which fails offline) and the recipe trained on a local file,
+    the command passes that file with ``--data`` (and ``--val-data`` where checkpoints are picked on
+    validation): ``data.eval_path`` when the recipe has one, else ``data.path``.
+
+    Args:
+        task: The recipe's ``data.task``.
+        data: The recipe's ``data`` block (``path``, ``eval_path``).
+        source_dir: The recipe's directory, where relative data paths are looked up.
+        run_dir: The run directory shown in the command.
+
+    Returns:
+        One shell command line.
+    """
+    import shlex
+
+    from .benchmarks import BENCHMARKS
+
+    cmd = f"mutor eval --task {task} --checkpoints {shlex.quote(str(run_dir))}"
+    bench = BENCHMARKS.get(task)
+    data = data or {}
+    if bench is None or bench.examples is not None or not bench.template.hub_id:
+        return cmd                              # evaluated on its own data (generated, or read from the run)
+    local = _local_file(data.get("eval_path"), source_dir) or _local_file(data.get("path"), source_dir)
+    if local is None:
+        return cmd
+    cmd += f" --data {shlex.quote(local)}"
+    if bench.template.selection == "validation" and bench.template.has_split("validation"):
+        cmd += f" --val-data {shlex.quote(local)}"
+    return cmd
 
 
 def run_of(summary: dict) -> Path:
@@ -91,6 +137,7 @@ def collect_summaries(paths: list[str]) -> list[dict]:
     """
     found: list[dict] = []
     seen: set = set()
+    unevaluated: list[Path] = []       # training summaries without a held-out evaluation
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
@@ -106,12 +153,34 @@ def collect_summaries(paths: list[str]) -> list[dict]:
                 found.append({**data, "_dir": f.parent})
             elif data.get("finished") and (conv := _from_training(data)) is not None:
                 found.append({**conv, "_dir": f.parent})
+            elif "method" in data and "train_loss" in data:
+                unevaluated.append(f)
     selections = [s["_dir"] for s in found if "selected_checkpoint" in s]
     kept = [s for s in found if "selected_checkpoint" in s
             or not any(sel in s["_dir"].parents for sel in selections)]
+    if not kept and unevaluated:
+        raise MutorUserError(_training_only(unevaluated))
     if not kept:
         raise FileNotFoundError(f"no evaluation summary.json under {paths}")
     return kept
+
+
+def _training_only(files: list[Path]) -> str:
+    """Why training summaries alone cannot be compared, and the command that scores their runs."""
+    from ..utils.io import yaml_load
+
+    summary = json.loads(files[0].read_text())
+    recipe_file = files[0].parent / "recipe.yaml"
+    recipe = (yaml_load(recipe_file.read_text(), str(recipe_file)) if recipe_file.is_file() else None) or {}
+    task = summary.get("task") or (recipe.get("data") or {}).get("task") or "TASK"
+    one = len(files) == 1
+    cmd = eval_command(task, recipe.get("data"), recipe.get("source_dir"), files[0].parent if one else "RUN_DIR")
+    what = f"{files[0]} is a training summary" if one else \
+        f"{files[0]} and {len(files) - 1} more are training summaries"
+    run = "the run" if one else "each run"
+    return (f"{what} (of `mutor train`), with no held-out evaluation to compare (task {task!r} has none during "
+            f"training); score {run} with `{cmd}`, then compare what it writes: `mutor compare` on {run}'s "
+            f"directory")
 
 
 def _method(s: dict) -> str:
@@ -210,29 +279,31 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def comparison_title(runs: list[dict]) -> str:
+def comparison_title(runs: list[dict], recipe=None) -> str:
     """What the table shows: the final held-out evaluation, or (a task without a training-time evaluator,
-    such as the text benchmarks) training only, with the command that scores the runs."""
+    such as the text benchmarks) training only, with the command that scores the runs (:func:`eval_command`,
+    with the data of ``recipe``, a :class:`~mutor.run.recipe.Recipe`, when given)."""
     if any(final_eval(r) for r in runs):
         return "mutor train: methods compared (final held-out evaluation)"
     task = next((r.get("task") for r in runs if r.get("task")), "TASK")
+    cmd = eval_command(task, getattr(recipe, "data", None), getattr(recipe, "source_dir", None))
     return (f"mutor train: methods compared (training only: task {task!r} has no held-out evaluation during "
-            f"training; score the runs with `mutor eval --task {task} --checkpoints RUN_DIR`)")
+            f"training; score the runs with `{cmd}`)")
 
 
-def comparison_markdown(runs: list[dict]) -> str:
-    """``comparison.md``: title, the runs' table, the verdict."""
+def comparison_markdown(runs: list[dict], recipe=None) -> str:
+    """``comparison.md``: title, the runs' table, the verdict (``recipe``: see :func:`comparison_title`)."""
     v = verdict(runs)
-    return comparison_title(runs) + "\n\n" + _markdown(*comparison_rows(runs)) + (f"\n{v}\n" if v else "")
+    return comparison_title(runs, recipe) + "\n\n" + _markdown(*comparison_rows(runs)) + (f"\n{v}\n" if v else "")
 
 
-def print_comparison(runs: list[dict]) -> None:
-    """The runs' table and the verdict on the terminal (rich)."""
+def print_comparison(runs: list[dict], recipe=None) -> None:
+    """The runs' table and the verdict on the terminal (rich; ``recipe``: see :func:`comparison_title`)."""
     from rich.console import Console
     from rich.table import Table
 
     header, rows = comparison_rows(runs)
-    table = Table(title=comparison_title(runs))
+    table = Table(title=comparison_title(runs, recipe))
     for c in header:
         table.add_column(c, justify="left" if c == "method" else "right")
     for r in rows:
@@ -344,7 +415,7 @@ def comparison_table(summaries: list[dict], metrics: Optional[list[str]] = None)
                  "only with three seeds or more whose interval excludes 0, fewer are exploratory):\n"
                  + "".join(f"{d}\n" for d in diffs))
     if notes:
-        text += "\nDuplicates (n counts distinct runs):\n" + "".join(f"- {n}\n" for n in notes)
+        text += "\nDuplicates (each run is counted once):\n" + "".join(f"- {n}\n" for n in notes)
     return text
 
 
@@ -422,5 +493,5 @@ def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str
 def write_comparison(root: Path, recipe, runs: list[dict]) -> None:
     """``mutor train``'s files for a recipe (a :class:`~mutor.run.recipe.Recipe`) and its runs so far."""
     write_json_atomic(root / "comparison.json", {"recipe": recipe.to_dict(), "runs": runs})
-    write_text_atomic(root / "comparison.md", comparison_markdown(runs))
+    write_text_atomic(root / "comparison.md", comparison_markdown(runs, recipe))
     _save(curves_figure(runs, title=recipe.name), root / "curves.png")

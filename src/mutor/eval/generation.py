@@ -6,7 +6,9 @@ Prompts are left-padded so that every row's next token sits at the same column. 
 (prompt tokens attend to each other both ways; padding masked; position ids counting from each
 row's first real token) into a ``DynamicCache``, and decoding continues token by token from
 that cache with ordinary causal attention: a generated token sees the whole prompt and the
-tokens generated before it. Registers play no part at inference.
+tokens generated before it. Registers play no part at inference. A prompt plus ``max_new_tokens`` that would
+run past the model's positions is refused first (:func:`check_generation_fits`), in one line, instead of an
+index error deep in the model (learned positions) or generation past what it was trained on (rotary).
 """
 
 from __future__ import annotations
@@ -19,7 +21,34 @@ from ..core.config import check_prefix_attention
 from ..data.collator import left_pad
 from ..utils.devices import cache_argument
 
-__all__ = ["greedy_generate", "prefix_mask"]
+__all__ = ["check_generation_fits", "greedy_generate", "prefix_mask"]
+
+
+def check_generation_fits(model, longest_prompt: int, max_new_tokens: int) -> None:
+    """Refuse a generation that would run past the model's positions.
+
+    Args:
+        model: A transformers causal LM (its ``config`` is read; a model whose config names no limit passes).
+        longest_prompt: Tokens of the longest prompt to generate from.
+        max_new_tokens: Tokens to generate at most.
+
+    Raises:
+        MutorUserError: ``longest_prompt + max_new_tokens`` exceeds the positions, naming both numbers and the
+            config field.
+    """
+    from ..models.positions import position_limit
+    from ..utils.errors import MutorUserError
+
+    limit = position_limit(getattr(model, "config", None))
+    if limit is None or longest_prompt + max_new_tokens <= limit[0]:
+        return
+    n, field = limit
+    room = n - longest_prompt
+    fix = (f"lower max_new_tokens (mutor eval --max-new-tokens) to {room} or less" if room > 0 else
+           "the prompt alone takes them all: use shorter prompts or a model with more positions")
+    raise MutorUserError(f"a prompt of {longest_prompt} tokens plus max_new_tokens {max_new_tokens} needs "
+                         f"{longest_prompt + max_new_tokens} positions, but the model has {n} ({field} in its "
+                         f"config): {fix}")
 
 
 def prefix_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype,
@@ -109,6 +138,7 @@ def greedy_generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: 
     from ..utils.devices import model_device
 
     ids, am = left_pad(prompt_ids, pad_id)
+    check_generation_fits(model, ids.shape[1], max_new_tokens)
     ids, am = ids.to(model_device(model)), am.to(model_device(model))              # (B, P)
     if prefix_attention == "causal":
         out = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=False,

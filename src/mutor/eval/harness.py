@@ -22,10 +22,9 @@ import statistics
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..data.templates import reference_answer, render_prompt
 from ..methods.registry import method_of_run
 from ..utils.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
-from .benchmarks import BENCHMARKS, Benchmark, get_benchmark, register_benchmark
+from .benchmarks import BENCHMARKS, Benchmark, benchmark_for, get_benchmark, register_benchmark
 
 __all__ = ["Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark", "evaluate_model",
            "evaluate_checkpoints"]
@@ -68,9 +67,10 @@ def load_drafter(path: str, tokenizer: Optional[str] = None, dtype: str = "auto"
 def task_prompts(task_name: str, tok, split: str = "test", data: Optional[str] = None, limit: Optional[int] = None,
                  model_path: Optional[str] = None) -> tuple[list[list[int]], Benchmark]:
     """The token ids of a benchmark split's prompts, as ``mutor eval`` feeds them, and the benchmark."""
-    benchmark = get_benchmark(task_name)
+    benchmark = benchmark_for(task_name, model_path)
     examples = load_examples(benchmark, split, data, limit, model_path=model_path)
-    return [tok(render_prompt(benchmark.template, ex), add_special_tokens=True)["input_ids"] for ex in examples], benchmark
+    return [tok(benchmark.prompt(ex, tok), add_special_tokens=benchmark.add_special_tokens)["input_ids"]
+            for ex in examples], benchmark
 
 
 def run_info(path: str) -> dict:
@@ -94,16 +94,19 @@ def run_info(path: str) -> dict:
 
 
 def load_examples(benchmark: Benchmark, split: str, data: Optional[str] = None, limit: Optional[int] = None,
-                  model_path: Optional[str] = None) -> list[dict]:
+                  model_path: Optional[str] = None, what: str = "--data") -> list[dict]:
+    """The rows of ``split`` (or of the file ``data``, which the user named ``what``) the benchmark scores."""
     from ..data.text import load_rows
 
+    if benchmark.rows is not None:                # own data: the run's files, or --data, checked
+        return benchmark.rows(split, data, limit, what)
     if data is None and benchmark.examples is not None:
         return benchmark.examples(split, limit, model_path)
     template = benchmark.template
     hub_split = template.splits.get(split)
     if data is None and hub_split is None:
         raise ValueError(f"{template.name} has no {split!r} split on the Hub; give --data (a local file)")
-    rows = load_rows(data, template.hub_id, template.hub_config, hub_split)
+    rows = load_rows(data, template.hub_id, template.hub_config, hub_split, what=what)
     if limit is not None:
         rows = rows.select(range(min(int(limit), len(rows))))
     return [dict(r) for r in rows]
@@ -115,31 +118,45 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
                    prefix_attention: Optional[str] = None, max_new_tokens: Optional[int] = None,
                    tokenizer: Optional[str] = None, progress: bool = True, model_and_tokenizer=None,
                    device: Optional[str] = None, dtype: str = "auto", draft_registers: Optional[Union[int, str]] = None,
-                   decode: Optional[Callable] = None) -> dict:
+                   decode: Optional[Callable] = None, scorer: Optional[str] = None, data_label: str = "--data") -> dict:
     """Score one model on one split; returns the summary (also written to ``output_dir``).
 
     The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
     ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K or ``"auto"``: decode one example at a
     time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed) (:mod:`mutor.integrations.speculative`; the same tokens as greedy
     decoding), and record the drafting statistics in the summary. ``decode(prompt_ids, max_new_tokens, eos_id)``
-    replaces batched greedy decoding."""
+    replaces batched greedy decoding. ``scorer`` (``module:function``, :func:`~mutor.eval.benchmarks.load_scorer`)
+    replaces the benchmark's metric; ``data_label`` is how errors name ``data`` (``--data``, ``--val-data``).
+
+    Own-data tasks (``prompt_completion``, ``chat``) render prompts with the run's own templates, read from the
+    ``recipe.yaml`` of the run ``model_path`` belongs to, and score its ``data.eval_path`` rows unless ``data``
+    is given (its ``data.path`` rows when it names no held-out file, and the summary says so)."""
     from tqdm.auto import tqdm
 
-    from .generation import greedy_generate
+    from ..utils.errors import MutorUserError
+    from .generation import check_generation_fits, greedy_generate
 
-    benchmark = get_benchmark(task_name)
+    benchmark = benchmark_for(task_name, str(model_path), scorer)     # the scorer is imported before any work
     if draft_registers is not None:
         return _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention,
-                                     max_new_tokens, tokenizer, progress, device, dtype, draft_registers)
+                                     max_new_tokens, tokenizer, progress, device, dtype, draft_registers, scorer,
+                                     data_label)
+    # local rows are read (and checked) before the model loads; a Hub split after, so that a missing model is
+    # reported before a network error
+    local = data is not None or benchmark.rows is not None
+    examples = load_examples(benchmark, split, data, limit, str(model_path), data_label) if local else None
     model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
+    if examples is None:
+        examples = load_examples(benchmark, split, data, limit, model_path=str(model_path), what=data_label)
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
-    examples = load_examples(benchmark, split, data, limit, model_path=str(model_path))
     template = benchmark.template
-    prompts = [render_prompt(template, ex) for ex in examples]
-    refs = [reference_answer(template, ex) for ex in examples]
-    n_new = int(max_new_tokens or template.max_new_tokens)
-    encoded = [tok(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    prompts = [benchmark.prompt(ex, tok) for ex in examples]
+    refs = [benchmark.reference(ex) for ex in examples]
+    n_new = int(max_new_tokens or (_budget(tok, refs) if benchmark.budget_from_references else
+                                   template.max_new_tokens))
+    encoded = [tok(p, add_special_tokens=benchmark.add_special_tokens)["input_ids"] for p in prompts]
+    check_generation_fits(model, max(map(len, encoded), default=0), n_new)     # before any batch is generated
     # batches of similar prompt lengths (less padding); rows are reported in the examples' order
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     gens: dict[int, list[int]] = {}
@@ -155,15 +172,27 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     rows = []
     for j, (ex, prompt, ref) in enumerate(zip(examples, prompts, refs)):
         text = tok.decode(gens[j], skip_special_tokens=True)
-        scores = benchmark.score_example(text, ex) if benchmark.score_example else benchmark.score(text, ref)
+        try:
+            scores = benchmark.score_row(text, ref, ex)
+        except Exception as err:
+            if benchmark.scorer is None:
+                raise
+            where = data or benchmark.sources.get(split) or split
+            raise MutorUserError(f"--scorer {benchmark.scorer!r} failed on row {j} of {where}: "
+                                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
         rows.append({"prompt": prompt, "generation": text, "reference": ref,
                      "extracted": benchmark.extract(text), **scores})
-    keys = [k for k in rows[0] if k not in ("prompt", "generation", "reference", "extracted")] if rows else []
+    fixed = ("prompt", "generation", "reference", "extracted")
+    keys = list(dict.fromkeys(k for r in rows for k in r if k not in fixed))
     # a second test split (gsm_symbolic's test_new_templates) is its own column in `mutor compare`
     label = task_name if split in ("test", "validation") else f"{task_name}:{split}"
     summary = {"task": label, "split": split, "model": str(model_path), "n": len(rows),
-               "metrics": {k: statistics.fmean(r[k] for r in rows) for k in keys}, "primary": benchmark.primary,
-               "prefix_attention": mode, "max_new_tokens": n_new, "data": data or template.hub_id,
+               "metrics": {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys},
+               "primary": benchmark.primary or (keys[0] if keys else ""),
+               "prefix_attention": mode, "max_new_tokens": n_new,
+               "data": data or benchmark.sources.get(split) or template.hub_id,
+               **({"scorer": benchmark.scorer} if benchmark.scorer else {}),
+               **({"note": benchmark.note} if benchmark.note and data is None else {}),
                **{k: info[k] for k in ("method", "seed") if k in info}}
     if output_dir is not None:
         out = Path(output_dir)
@@ -173,8 +202,15 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     return summary
 
 
+def _budget(tok, references: list[str]) -> int:
+    """Own data's default ``max_new_tokens``: twice the longest reference's tokens with its eos, at least 16 (a
+    generation much longer than every reference cannot match one)."""
+    longest = max((len(tok(r, add_special_tokens=False)["input_ids"]) + 1 for r in references), default=0)
+    return max(16, 2 * longest)
+
+
 def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention, max_new_tokens,
-                          tokenizer, progress, device, dtype, K) -> dict:
+                          tokenizer, progress, device, dtype, K, scorer=None, data_label="--data") -> dict:
     """``evaluate_model`` with registers as drafters (``K``: an integer or ``"auto"``): the MuToR checkpoint
     (base, a LoRA adapter merged into it, + sidecar), batch 1."""
     import time
@@ -205,7 +241,8 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
 
     summary = evaluate_model(task_name, model_path, split, data, limit, batch_size=1, output_dir=output_dir,
                              prefix_attention=mode, max_new_tokens=max_new_tokens, progress=progress,
-                             model_and_tokenizer=(drafter, tok), decode=decode)
+                             model_and_tokenizer=(drafter, tok), decode=decode, scorer=scorer,
+                             data_label=data_label)
     summary["drafting"] = {"draft_registers": K, **total.to_dict(),
                            "tokens_per_s": round(total.new_tokens / max(seconds, 1e-9), 2)}
     if output_dir is not None:
@@ -223,32 +260,54 @@ def summary_markdown(summaries: list[dict]) -> str:
 
 
 def list_checkpoints(run_dir: str) -> list[Path]:
+    """A run's ``checkpoint-<step>`` directories in step order; a path that does not exist is named as ``--checkpoints``."""
+    if not Path(run_dir).exists():
+        raise FileNotFoundError(f"--checkpoints {str(run_dir)!r} does not exist")
     ck = [p for p in Path(run_dir).glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+", p.name)]
     if not ck:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint-<step> directories")
+        runs = sorted({d.parent.name for d in Path(run_dir).glob("*/checkpoint-*") if d.is_dir()}) \
+            if Path(run_dir).is_dir() else []
+        hint = f"; it holds the runs {runs}: give one of them, e.g. {Path(run_dir) / runs[0]}" if runs else ""
+        raise FileNotFoundError(f"{run_dir} has no checkpoint-<step> directories{hint}")
     return sorted(ck, key=lambda p: int(p.name.split("-")[1]))
 
 
 def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = None, val_data: Optional[str] = None,
                          output_dir: Optional[str] = None, **kw) -> dict:
-    """Every checkpoint of a run, selected the paper's way; returns the selection summary."""
-    benchmark = get_benchmark(task_name)
+    """Every checkpoint of a run, selected the paper's way; returns the selection summary.
+
+    Own data (``prompt_completion``, ``chat``): checkpoints are picked on validation rows (``val_data``, else the
+    run's ``data.eval_path``) and the pick is reported on test rows (``data``, else the run's ``data.eval_path``);
+    when both are the same rows, the best score on them is reported, and the summary says it is optimistic."""
+    benchmark = benchmark_for(task_name, str(run_dir), kw.get("scorer"))
     out = Path(output_dir or Path(run_dir) / "eval" / task_name)
     cks = list_checkpoints(run_dir)
-    template, primary = benchmark.template, benchmark.primary
+    template = benchmark.template
     use_val = template.selection == "validation" and (template.has_split("validation") or val_data is not None)
+    val_rows, test_rows = val_data or benchmark.sources.get("validation"), data or benchmark.sources.get("test")
+    # own data whose validation rows are its test rows: pick on them once, and say that the report is optimistic
+    same_rows = use_val and benchmark.rows is not None and val_rows is not None and val_rows == test_rows
+    use_val = use_val and not same_rows
     select_split = "validation" if use_val else "test"
     scores = []
     for ck in cks:
         s = evaluate_model(task_name, str(ck), split=select_split, data=val_data if use_val else data,
-                           output_dir=str(out / ck.name / select_split), **kw)
-        scores.append((s["metrics"][primary], ck, s))
+                           output_dir=str(out / ck.name / select_split),
+                           **{"data_label": "--val-data" if use_val else "--data", **kw})
+        scores.append((s["metrics"][s["primary"]], ck, s))
+    primary = scores[0][2]["primary"]
     best_score, best, best_summary = max(scores, key=lambda x: x[0])
     test = best_summary if not use_val else evaluate_model(task_name, str(best), split="test", data=data,
                                                            output_dir=str(out / best.name / "test"), **kw)
-    protocol = (f"best of {len(cks)} checkpoints by validation {primary}, reported on test" if use_val else
-                f"best test {primary} over {len(cks)} checkpoints (the paper's protocol for {task_name}, "
-                "which has no validation split; optimistic by construction)")
+    if use_val:
+        protocol = f"best of {len(cks)} checkpoints by validation {primary}, reported on test"
+    elif benchmark.rows is not None:
+        protocol = (f"best test {primary} over {len(cks)} checkpoints, picked on the rows it reports ({test_rows}; "
+                    "give --val-data, or --data for test rows apart from the run's held-out rows, to pick on "
+                    "other rows); optimistic by construction")
+    else:
+        protocol = (f"best test {primary} over {len(cks)} checkpoints (the paper's protocol for {task_name}, "
+                    "which has no validation split; optimistic by construction)")
     result = {**test, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
               "selection": protocol, "selection_split": select_split,
               "per_checkpoint": [{"checkpoint": c.name, primary: v} for v, c, _ in scores]}
@@ -293,6 +352,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     data = dict(r.get("data") or {})
     name = data.pop("task")
     data.pop("packing", None)
+    data.pop("truncate_to_model", None)            # run options, not the task's
     from ..data.templates import TEMPLATES
     from ..utils.errors import MutorUserError, from_pretrained
 

@@ -7,6 +7,8 @@
   answer by ``math-verify`` (symbolic equivalence: ``\\frac12``, ``\\dfrac{1}{2}`` and ``0.5`` agree).
 * AQUA-RAT: the chosen option letter (``The answer is C``, ``answer is (C)``, else the last ``C)``).
 * SAMSum / DialogSum: ROUGE-1/2/L F-measures from ``rouge-score`` with stemming, as percentages.
+* Your own data (``prompt_completion``, ``chat``): exact match after whitespace normalisation (ends stripped,
+  every run of whitespace one space), as a percentage.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fractions import Fraction
 from typing import Optional
 
 __all__ = ["extract_gsm8k", "gsm8k_correct", "last_boxed", "math_correct", "extract_choice", "aqua_correct",
-           "rouge_scores"]
+           "rouge_scores", "normalize_whitespace", "exact_match"]
 
 _NUM = re.compile(r"-?\s*\$?\s*\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?")
 
@@ -124,3 +126,13 @@ def rouge_scores(generation: str, reference: str) -> dict:
         _SCORER = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     s = _SCORER.score(reference, generation or "")
     return {k: 100.0 * v.fmeasure for k, v in s.items()}
+
+
+def normalize_whitespace(text: str) -> str:
+    """``text`` with its ends stripped and every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())
+
+
+def exact_match(generation: str, reference: str) -> bool:
+    """Whether the generation is the reference, up to whitespace (:func:`normalize_whitespace`)."""
+    return normalize_whitespace(generation) == normalize_whitespace(reference)

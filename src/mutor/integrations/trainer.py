@@ -21,6 +21,9 @@ It overrides only what it must:
   norm (``reg_grad_norm``, beside Trainer's ``grad_norm``, which is the model's own under ``separate``)
   and the fraction of the window's steps whose update clipping scaled (``grad_clipped``,
   ``reg_grad_clipped``).
+* ``evaluation_loop``: ``eval_ntp_loss`` and ``eval_reg_loss`` are sums over the whole evaluation set divided by
+  its supervised tokens and its registers, and ``eval_loss`` is ``(1-a) * eval_ntp_loss + a * eval_reg_loss``
+  (``eval_ntp_loss`` for next-token and a plain model), where Trainer would average per-batch means.
 * ``_save`` / ``_load_from_checkpoint``: a checkpoint is the base model saved exactly as
   transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both.
   Under FSDP / DeepSpeed ZeRO-3 the live parameters are shards, so both parts are written from the
@@ -177,15 +180,25 @@ class MuToRTrainer(Trainer):
     # ------------------------------------------------------------- evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix: str = "eval"):
-        """Trainer's evaluation with the same offsets at every call: MuToR draws them from a generator seeded with
-        ``args.seed`` (the global RNG forked, a private generator saved and restored), so the same weights give the
-        same ``eval_loss`` and evaluating does not move the training RNG. Adds ``eval_ntp_loss`` and
-        ``eval_reg_loss`` (token-weighted over the evaluation set) beside ``eval_loss``."""
+        """Trainer's evaluation, its losses weighted as training weights them, with the same offsets at every call.
+
+        ``eval_ntp_loss`` is the next-token loss summed over every supervised token of the evaluation set and divided
+        by their number; ``eval_reg_loss`` the same over every register (or Multi-Token head target); ``eval_loss``
+        is ``(1 - a) * eval_ntp_loss + a * eval_reg_loss`` with the method's loss weight ``a`` (0 for next-token
+        and a plain model, whose ``eval_loss`` is then ``eval_ntp_loss``). Trainer alone would average each
+        batch's mean loss over the batches, which weights a token of a short batch more than one of a long batch.
+        MuToR draws its offsets from a generator seeded with ``args.seed`` (the global RNG forked, a private
+        generator saved and restored), so the same weights give the same ``eval_loss`` and evaluating does not
+        move the training RNG."""
         w = self.training_wrapper()
         args = (dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        if w is None:
-            return super().evaluation_loop(*args)
         self._eval_sums = defaultdict(float)
+        if w is None:
+            try:
+                output = super().evaluation_loop(*args)
+            finally:
+                s, self._eval_sums = self._eval_sums, None
+            return self._token_weighted_eval_losses(output, s, 0.0, metric_key_prefix)
         private = w.rng_state()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.args.seed)
@@ -196,16 +209,27 @@ class MuToRTrainer(Trainer):
             finally:
                 if private is not None:
                     w.set_rng_state(private)
-        s, self._eval_sums = self._eval_sums, None
+                s, self._eval_sums = self._eval_sums, None
+        return self._token_weighted_eval_losses(output, s, w.loss_weight, metric_key_prefix)
+
+    def _token_weighted_eval_losses(self, output, s: dict, a: float, metric_key_prefix: str):
+        """``output`` with ``{prefix}_ntp_loss``, ``{prefix}_reg_loss`` and ``{prefix}_loss`` from the evaluation's
+        sums ``s`` (every process's share added up), each divided as :func:`~mutor.methods.wrapper.objective_output`
+        divides a training batch's: by the supervised tokens, and by the registers (a register term of 0 when the
+        set has none). Without any supervised token, Trainer's own ``eval_loss`` is left as it is."""
         sums = torch.tensor([s["ntp_sum"], s["ntp_n"], s["reg_sum"], s["reg_n"]], dtype=torch.float64,
                             device=self.args.device)
         if self.args.world_size > 1:
             sums = self.accelerator.gather(sums[None]).sum(0)                  # every rank's share of the set
         ntp_sum, ntp_n, reg_sum, reg_n = sums.tolist()
-        if ntp_n:
-            output.metrics[f"{metric_key_prefix}_ntp_loss"] = ntp_sum / ntp_n
+        if not ntp_n:
+            return output
+        ntp = ntp_sum / ntp_n
+        reg = reg_sum / reg_n if reg_n else 0.0
+        output.metrics[f"{metric_key_prefix}_ntp_loss"] = ntp
         if reg_n:
-            output.metrics[f"{metric_key_prefix}_reg_loss"] = reg_sum / reg_n
+            output.metrics[f"{metric_key_prefix}_reg_loss"] = reg
+        output.metrics[f"{metric_key_prefix}_loss"] = ntp if a == 0 else (1.0 - a) * ntp + a * reg
         return output
 
     # --------------------------------------------------------------- clipping
@@ -292,8 +316,16 @@ class MuToRTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.training_wrapper() is None:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+            evaluating = not model.training and getattr(self, "_eval_sums", None) is not None
+            targets = self._next_token_targets(inputs) if evaluating else None     # before label smoothing pops them
+            # evaluating, each batch's own mean (not scaled to a count over processes): times its count, a sum
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=None if evaluating else num_items_in_batch)
+            if targets:
+                loss = out[0] if return_outputs else out
+                self._eval_sums["ntp_sum"] += float(loss.detach().double().mean()) * targets
+                self._eval_sums["ntp_n"] += targets
+            return out
         if model.training and self._num_reg_in_batch is not None and num_items_in_batch is not None:
             inputs = {**inputs, "num_registers_in_batch": self._num_reg_in_batch}
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
@@ -302,6 +334,17 @@ class MuToRTrainer(Trainer):
         elif getattr(self, "_eval_sums", None) is not None:
             self._accumulate(outputs, self._eval_sums)
         return (loss, outputs) if return_outputs else loss
+
+    def _next_token_targets(self, inputs: dict) -> float:
+        """A plain model's batch: its next-token targets, counted as Trainer counts them for ``num_items_in_batch``
+        (0 without labels). Its mean loss times this count is the batch's share of the evaluation's sum."""
+        labels = inputs.get("shift_labels")
+        if labels is None:
+            labels = inputs.get("labels")
+            if labels is None:
+                return 0.0
+            labels = labels[..., 1:] if getattr(self, "_loss_shifts_labels", True) else labels
+        return float(labels.ne(-100).sum())
 
     @torch.no_grad()
     def _accumulate(self, out, s: dict) -> None:

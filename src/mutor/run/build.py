@@ -40,9 +40,10 @@ def build_tokenizer(m: ModelArgs):
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    tok = from_pretrained(AutoTokenizer.from_pretrained, name,
-                          "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer",
-                          is_model=False)
+    what = "model.tokenizer" if m.tokenizer is not None else "model.name_or_path's tokenizer"
+    if m.tokenizer is None and not Path(name).expanduser().exists():
+        what = "model.name_or_path"               # missing: the model itself, not only its tokenizer
+    tok = from_pretrained(AutoTokenizer.from_pretrained, name, what, is_model=False)
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token             # right padding is masked anyway
     return tok

@@ -60,12 +60,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as err:                   # Ctrl-C: one line (mutor train says how to resume)
         if debug:
             raise
-        print(f"mutor {args.command}: {str(err) or 'interrupted'}", file=sys.stderr)
+        _close_progress_bars()
+        print(f"mutor {args.command}: {str(err) or 'interrupted'}", file=sys.stderr, flush=True)
         return 130
     prefix = f"mutor {args.command}: "
     message = " ".join(message.split("\n"))
     print(message if message.startswith(prefix) else prefix + message, file=sys.stderr)
     return 2
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars an interrupted command left open (the Trainer's, ``mutor eval``'s: tqdm), so
+    that each ends its own line before the Ctrl-C message and none is redrawn after it at exit."""
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return
+    for bar in list(getattr(std.tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:      # a bar half torn down by the interrupt: it cannot be redrawn either
+            pass
 
 
 if __name__ == "__main__":

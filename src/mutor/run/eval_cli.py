@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
                                    "picked on validation (AQUA-RAT, SAMSum, DialogSum) or test (GSM8K, MATH500).")
     p.add_argument("--task", required=True,
                    help=f"a text benchmark ({', '.join(sorted(BENCHMARKS))}) or 'run' for the synthetic task a "
-                        "model was trained on (star_graph, digits: read from the run's recipe.yaml)")
+                        "model was trained on (star_graph, digits: read from the run's recipe.yaml); "
+                        "prompt_completion and chat score your own data with the run's own templates and files "
+                        "(its recipe.yaml), by exact match after whitespace normalisation unless --scorer")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model directory or Hub id (a peft adapter directory is merged)")
     src.add_argument("--checkpoints", help="run directory with checkpoint-<step> subdirectories")
@@ -29,8 +31,15 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default=None, choices=["test", "validation", "test_new_templates"],
                    help="with --model (default: the task's test split(s); gsm_symbolic has two: test, new instances "
                         "of the training templates, and test_new_templates, templates never trained on)")
-    p.add_argument("--data", default=None, help="local JSONL/Parquet file instead of the Hub split")
-    p.add_argument("--val-data", default=None, help="with --checkpoints: local validation file")
+    p.add_argument("--data", default=None, help="local JSONL/Parquet file instead of the Hub split (own data: "
+                                                 "instead of the run's data.eval_path)")
+    p.add_argument("--val-data", default=None, help="with --checkpoints: local validation file (own data: default "
+                                                     "the run's data.eval_path)")
+    p.add_argument("--scorer", default=None, metavar="MODULE:FUNCTION",
+                   help="your metric instead of the task's: fn(prediction: str, reference: str, row: dict) -> "
+                        "float | bool | dict, called per example (a bool counts 100 or 0; a dict is one metric per "
+                        "key, the first ranks checkpoints); MODULE importable from the working directory or "
+                        "PYTHONPATH, or a path/to/file.py")
     p.add_argument("--limit", type=int, default=None, help="first N examples only (smoke runs)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's budget")
@@ -66,7 +75,24 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "compare":
         return _compare(args)
+    if not args.quiet:
+        return _run_eval(args)
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()             # --quiet: no "Loading weights" bar either
+    try:
+        return _run_eval(args)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
+def _run_eval(args: argparse.Namespace) -> int:
     if args.task == "run":
+        if args.scorer:
+            raise SystemExit("mutor eval: --scorer scores text tasks' generations; --task run uses its task's own "
+                             "evaluator")
         return _eval_run_task(args)
     from ..eval.benchmarks import BENCHMARKS
     from ..eval.harness import evaluate_checkpoints
@@ -120,7 +146,7 @@ def _eval_options(args: argparse.Namespace) -> dict:
     """The keyword arguments every ``evaluate_model`` call of this command shares, checked."""
     common = dict(limit=args.limit, batch_size=args.batch_size, prefix_attention=args.prefix_attention,
                   max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, progress=not args.quiet,
-                  device=args.device, dtype=args.dtype)
+                  device=args.device, dtype=args.dtype, scorer=args.scorer)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:
         raise SystemExit("mutor eval: --limit and --batch-size must be >= 1")
     if args.draft_registers is not None:

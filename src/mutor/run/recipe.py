@@ -212,7 +212,10 @@ class Recipe:
                                                               " (keys: method, mutor, multi_token)."})
     lora: Optional[dict] = field(default=None, metadata={"help": "peft.LoraConfig fields; None: full fine-tuning."})
     data: dict = field(default_factory=dict, metadata={"help": "`task` (a registered task name) and its options; "
-                                                               "`packing: true` packs examples into one row."})
+                                                               "`packing: true` packs examples into one row; "
+                                                               "`truncate_to_model: true` cuts rows longer than the "
+                                                               "model's positions to them (else such a recipe is "
+                                                               "refused)."})
     training: dict = field(default_factory=dict, metadata={"help": "transformers.TrainingArguments fields."})
 
     source_dir: Optional[str] = field(

@@ -18,8 +18,9 @@ Guards, all before anything trains (:func:`check_run`): every block of the recip
 for every method (``TrainingArguments``, ``LoraConfig``, the methods' configs, the task name,
 data paths); a non-empty output directory is refused without ``resume`` (``overwrite=True``
 clears it first, if it holds only a mutor run); ``resume`` refuses a directory whose recorded
-``recipe.yaml`` or last checkpoint belongs to a different recipe. A launch that fails before
-its first checkpoint removes the directories it created.
+``recipe.yaml`` or last checkpoint belongs to a different recipe. Once the model is built, a task whose rows
+can be longer than the model's positions is refused, or cut with ``data.truncate_to_model``
+(:mod:`mutor.run.lengths`). A launch that fails before its first checkpoint removes the directories it created.
 
 A method's name is the run's name everywhere it is recorded (``recipe.yaml``, ``summary.json``,
 ``comparison.*``): a named variant such as ``mutor_2d`` is recorded as ``mutor_2d``, with its
@@ -46,6 +47,7 @@ from ..utils.errors import MutorUserError
 from ..utils.io import write_json_atomic, write_text_atomic
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
                     rotary_grid, save_random_lora_base, training_arguments)
+from .lengths import TRUNCATE_KEY, check_truncate_option, fit_to_model
 from .recipe import Recipe, load_recipe
 
 __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
@@ -101,6 +103,7 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> dict
     methods = recipe.methods
     if recipe.data["task"] not in registered_tasks():
         raise MutorUserError(f"recipe data.task: unknown task {recipe.data['task']!r}; known: {registered_tasks()}")
+    check_truncate_option(recipe.data)
     for key in ("path", "eval_path"):
         value = recipe.data.get(key)
         if value is not None and not Path(_resolve_path(value, recipe.source_dir)).exists():
@@ -193,6 +196,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     tokenizer = build_tokenizer(r.model)
     task = build_task(r, tokenizer)
     model, parameters = _build_model(r, method, task, tokenizer, output_dir)
+    task = fit_to_model(r, task, model, say)          # rows longer than the model's positions: refused, or cut
     say(f"[mutor train] {label}: base model {parameters['base']:,} parameters"
         + (f", LoRA {parameters['lora']:,}" if parameters["lora"] else "")
         + f"; added by the method {parameters['added_by_method']:,}; trainable {parameters['trainable']:,}")
@@ -274,7 +278,7 @@ def _clipping_summary(r: Recipe, trainer) -> dict:
 def build_task(r: Recipe, tokenizer):
     """The recipe's task (datasets, vocabulary, evaluator), its data paths resolved."""
     options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
-               for k, v in r.data.items() if k not in ("task", "packing")}
+               for k, v in r.data.items() if k not in ("task", "packing", TRUNCATE_KEY)}
     return build_training_data(r.data["task"], options, tokenizer, r.seed)
 
 
@@ -376,5 +380,5 @@ def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say, arguments: 
     if len(methods) > 1:
         write_comparison(root, recipe, runs)
         if not quiet:
-            print_comparison(runs)
+            print_comparison(runs, recipe)
     return result

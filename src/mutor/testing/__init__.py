@@ -7,13 +7,20 @@ with no Hub access. Random models of a named shape live in :mod:`mutor.models.pr
 
 from __future__ import annotations
 
-__all__ = ["SPECIALS", "byte_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "SPECIALS", "byte_tokenizer"]
 
 SPECIALS = ("<pad>", "<s>", "</s>")   # ids 0, 1, 2; the 256 bytes follow
 
+# a minimal chat template (``data.task: chat``): "<|role|>" and the content per turn, an assistant turn ending
+# with eos; with add_generation_prompt, the assistant header the reply follows
+CHAT_TEMPLATE = ("{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}<|{{ m['role'] }}|>\n"
+                 "{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}{% if messages %}{{ '\\n' }}{% endif %}<|assistant|>\n{% endif %}")
+
 
 def byte_tokenizer():
-    """A byte-level tokenizer with 259 ids: <pad>=0, <s>=1, </s>=2, then one id per byte."""
+    """A byte-level tokenizer with 259 ids: <pad>=0, <s>=1, </s>=2, then one id per byte; its chat template is
+    :data:`CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -26,4 +33,5 @@ def byte_tokenizer():
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.padding_side = "right"
+    fast.chat_template = CHAT_TEMPLATE
     return fast

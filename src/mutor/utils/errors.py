@@ -90,7 +90,7 @@ def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", *,
     local = Path(name).expanduser()
     if not local.exists():
         if name.startswith((".", "/", "~")) or name.count("/") > 1:
-            raise MutorUserError(f"{what} {name!r}: no such directory")
+            raise MutorUserError(f"{what} {name!r} does not exist")
         kwargs = {**hub_probe(name, what), **kwargs}
     elif is_model and local.is_dir() and not kwargs.get("gguf_file") \
             and not any((local / f).is_file() for f in ("config.json", "adapter_config.json")):
