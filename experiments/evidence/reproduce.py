@@ -42,6 +42,7 @@ import driver
 from report import _per, generations_path, load
 
 from mutor.eval.claims import decimals, t_critical
+from mutor.run.recipe import dotted_keys
 
 HERE = Path(__file__).resolve().parent
 
@@ -131,17 +132,6 @@ def table(lines: list[dict]) -> str:
     return "\n".join(out)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    """A nested recipe as ``{"training.learning_rate": 1e-4, ...}``."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def recipe_note(committed: dict, fresh: dict) -> str:
     """Whether the fresh run's resolved recipe is the one the committed row records."""
     old, new = committed.get("resolved_recipe"), fresh.get("resolved_recipe")
@@ -149,8 +139,7 @@ def recipe_note(committed: dict, fresh: dict) -> str:
         return "resolved recipe: the committed row records none (the plan's entry is its recipe)"
     if old == new:
         return "resolved recipe: the same as the committed row's"
-
-    a, b = _flat(old), _flat(new or {})
+    a, b = dotted_keys(old), dotted_keys(new or {})
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return "resolved recipe: DIFFERS from the committed row's in " + ", ".join(keys)
 

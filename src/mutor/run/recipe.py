@@ -44,7 +44,27 @@ from ..utils.errors import MutorUserError, did_you_mean
 from ..utils.devices import TORCH_DTYPES
 from ..utils.io import yaml_load
 
-__all__ = ["ModelArgs", "Recipe", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe"]
+__all__ = ["ModelArgs", "Recipe", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe", "dotted_keys"]
+
+
+def dotted_keys(d: dict, prefix: str = "") -> dict:
+    """A nested recipe as its dotted overrides, e.g. ``{"training.learning_rate": 1e-4, ...}``.
+
+    Args:
+        d: A recipe (or one of its blocks) as nested dicts.
+        prefix: Prepended to every key.
+
+    Returns:
+        One entry per leaf; an empty dict is a leaf.
+    """
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(dotted_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
 
 def method_blocks() -> tuple[str, ...]:
     """The recipe blocks of the registered methods' options (``mutor``, ``multi_token``)."""

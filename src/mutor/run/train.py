@@ -48,7 +48,7 @@ from ..utils.io import write_json_atomic, write_text_atomic
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
                     rotary_grid, save_random_lora_base, training_arguments)
 from .lengths import TRUNCATE_KEY, check_truncate_option, fit_to_model
-from .recipe import Recipe, load_recipe
+from .recipe import Recipe, dotted_keys, load_recipe
 
 __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
 
@@ -64,16 +64,6 @@ def _resolve_path(value, source_dir: Optional[str]):
 
 def _method_dir(root: Path, methods: list[str], method: str) -> Path:
     return root / method if len(methods) > 1 else root
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _is_mutor_run(root: Path) -> bool:
@@ -141,9 +131,9 @@ def _check_resumable(recipe: Recipe, method: str, out: Path, args) -> None:
     if recorded.is_file():
         from ..utils.io import yaml_load
 
-        old = _flat({k: v for k, v in (yaml_load(recorded.read_text(), str(recorded)) or {}).items()
+        old = dotted_keys({k: v for k, v in (yaml_load(recorded.read_text(), str(recorded)) or {}).items()
                      if k != "source_dir"})
-        new = _flat({k: v for k, v in recipe.for_run(method).to_dict().items() if k != "source_dir"})
+        new = dotted_keys({k: v for k, v in recipe.for_run(method).to_dict().items() if k != "source_dir"})
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if diff:
             shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
