@@ -114,9 +114,7 @@ def _worker(argv: list[str]) -> None:
         (Path(a.out) / "ds_info.json").write_text(json.dumps({
             "zero_stage": int(engine.zero_optimization_stage()), "world_size": int(torch.distributed.get_world_size()),
             "loss_by_step": {str(h["step"]): h["loss"] for h in trainer.state.log_history if "loss" in h}}))
-    # An orderly teardown, as `mutor train` does: ranks meet, then the process group ends before interpreter
-    # exit. Left to exit, gloo's and DeepSpeed's threads can be destroyed while still running on one rank
-    # ("terminate called without an active exception", SIGABRT), after the checkpoint is written.
+    # An orderly teardown, as `mutor train` does: ranks meet, then the process group ends before interpreter exit.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
