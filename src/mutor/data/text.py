@@ -270,14 +270,22 @@ def find_run_recipe(model_path: Optional[str]):
     return None
 
 
-def resolve_recorded_path(value: Optional[str], recipe: dict) -> Optional[str]:
-    """A data path a recorded recipe names, found as training found it: from the working directory, else from the
-    directory of the recipe the run was started with (``source_dir``). Returned as given when neither exists."""
+def resolve_data_path(value, source_dir: Optional[str]):
+    """A recipe's data path as ``mutor train`` finds it: as given if it exists from the working directory (or is
+    absolute), else relative to the directory of the recipe the run was started with (``source_dir``).
+
+    Args:
+        value: The path a recipe names; anything but a string is returned as it is.
+        source_dir: The recipe file's directory, or ``None``.
+
+    Returns:
+        The path to open, or ``value`` as given when neither place has it.
+    """
     from pathlib import Path
 
-    if value is None or Path(value).is_absolute() or Path(value).exists() or not recipe.get("source_dir"):
+    if not isinstance(value, str) or Path(value).is_absolute() or Path(value).exists() or source_dir is None:
         return value
-    cand = Path(recipe["source_dir"]) / value
+    cand = Path(source_dir) / value
     return str(cand) if cand.exists() else value
 
 

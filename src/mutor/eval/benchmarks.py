@@ -167,7 +167,7 @@ def _own_data_benchmark(task: str) -> Callable[[Optional[str]], Benchmark]:
     """``for_run`` of ``prompt_completion`` and ``chat``: the run's templates and files, from its recipe."""
 
     def for_run(model_path: Optional[str]) -> Benchmark:
-        from ..data.text import find_run_recipe, resolve_recorded_path
+        from ..data.text import find_run_recipe, resolve_data_path
 
         found = find_run_recipe(model_path)
         recipe_file, recipe = found if found is not None else (None, {})
@@ -175,8 +175,8 @@ def _own_data_benchmark(task: str) -> Callable[[Optional[str]], Benchmark]:
         if found is not None and opts.get("task") != task:
             raise MutorUserError(f"{model_path} is a run of data.task {opts.get('task')!r} (its {recipe_file}), not "
                                  f"of {task!r}: {_task_flag(opts.get('task'))}")
-        path = resolve_recorded_path(opts.get("path"), recipe)
-        eval_path = resolve_recorded_path(opts.get("eval_path"), recipe)
+        path = resolve_data_path(opts.get("path"), recipe.get("source_dir"))
+        eval_path = resolve_data_path(opts.get("eval_path"), recipe.get("source_dir"))
         hub = opts.get("hub_id")
         sources: dict = {}                 # split -> (local file or None, Hub split, how the error names it)
         if eval_path is not None or opts.get("eval_split") is not None:
@@ -187,8 +187,8 @@ def _own_data_benchmark(task: str) -> Callable[[Optional[str]], Benchmark]:
             sources = {"test": (path, opts.get("split", "train"), f"data.path of {recipe_file}")}
         note = None
         if "validation" not in sources and "test" in sources:
-            note = (f"scored on the run's training rows (its recipe names no data.eval_path): give --data FILE to "
-                    f"score held-out rows")
+            note = ("scored on the run's training rows (its recipe names no data.eval_path): give --data FILE to "
+                    "score held-out rows")
         if task == "chat":
             from ..data.chat import chat_prompt, check_conversations, need_chat_template
 

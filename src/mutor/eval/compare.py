@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
+from ..data.text import resolve_data_path
 from ..utils.errors import MutorUserError
 from ..utils.io import atomic_write, write_json_atomic, write_text_atomic
 
@@ -67,10 +68,8 @@ def _local_file(value, source_dir: Optional[str]) -> Optional[str]:
     directory), or None when it names no local file."""
     if not isinstance(value, str) or not value:
         return None
-    if Path(value).exists() or Path(value).is_absolute() or source_dir is None:
-        return value if Path(value).is_file() else None
-    cand = Path(source_dir) / value
-    return str(cand) if cand.is_file() else None
+    path = resolve_data_path(value, source_dir)
+    return path if Path(path).is_file() else None
 
 
 def eval_command(task: str, data: Optional[dict] = None, source_dir: Optional[str] = None,

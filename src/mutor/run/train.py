@@ -41,6 +41,7 @@ from typing import Optional, Union
 import torch
 
 from ..data.registry import build_training_data, registered_tasks
+from ..data.text import resolve_data_path
 from ..eval.compare import print_comparison, write_comparison
 from ..methods.registry import get_method
 from ..utils.errors import MutorUserError
@@ -54,14 +55,6 @@ __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
 
 
 # ------------------------------------------------------------------- running
-def _resolve_path(value, source_dir: Optional[str]):
-    """A relative data path: as given if it exists from here, else relative to the recipe file."""
-    if not isinstance(value, str) or Path(value).is_absolute() or Path(value).exists() or source_dir is None:
-        return value
-    cand = Path(source_dir) / value
-    return str(cand) if cand.exists() else value
-
-
 def _method_dir(root: Path, methods: list[str], method: str) -> Path:
     return root / method if len(methods) > 1 else root
 
@@ -96,7 +89,7 @@ def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> dict
     check_truncate_option(recipe.data)
     for key in ("path", "eval_path"):
         value = recipe.data.get(key)
-        if value is not None and not Path(_resolve_path(value, recipe.source_dir)).exists():
+        if value is not None and not Path(resolve_data_path(value, recipe.source_dir)).exists():
             raise MutorUserError(f"recipe data.{key}: {value!r} does not exist (relative paths are looked up from "
                                  f"the working directory, then from the recipe's directory {recipe.source_dir})")
     arguments = {m: training_arguments(recipe.for_method(m).training, recipe.seed, _method_dir(root, methods, m))
@@ -267,7 +260,7 @@ def _clipping_summary(r: Recipe, trainer) -> dict:
 
 def build_task(r: Recipe, tokenizer):
     """The recipe's task (datasets, vocabulary, evaluator), its data paths resolved."""
-    options = {k: _resolve_path(v, r.source_dir) if k in ("path", "eval_path") else v
+    options = {k: resolve_data_path(v, r.source_dir) if k in ("path", "eval_path") else v
                for k, v in r.data.items() if k not in ("task", "packing", TRUNCATE_KEY)}
     return build_training_data(r.data["task"], options, tokenizer, r.seed)
 
