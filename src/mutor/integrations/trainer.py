@@ -56,6 +56,7 @@ from typing import Any, Callable, Optional
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ..core.layout import IGNORE_INDEX
 from ..methods.wrapper import TrainingWrapper
 from .clipping import check_grad_clip, clip_group
 
@@ -343,8 +344,8 @@ class MuToRTrainer(Trainer):
             labels = inputs.get("labels")
             if labels is None:
                 return 0.0
-            labels = labels[..., 1:] if getattr(self, "_loss_shifts_labels", True) else labels
-        return float(labels.ne(-100).sum())
+            labels = labels[..., 1:]                                    # the model shifts them
+        return float(labels.ne(IGNORE_INDEX).sum())
 
     @torch.no_grad()
     def _accumulate(self, out, s: dict) -> None:
