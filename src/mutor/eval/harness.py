@@ -143,11 +143,13 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
                                      data_label)
     # local rows are read (and checked) before the model loads; a Hub split after, so that a missing model is
     # reported before a network error
-    local = data is not None or benchmark.rows is not None
-    examples = load_examples(benchmark, split, data, limit, str(model_path), data_label) if local else None
+    def load() -> list[dict]:
+        return load_examples(benchmark, split, data, limit, model_path=str(model_path), what=data_label)
+
+    examples = load() if data is not None or benchmark.rows is not None else None
     model, tok = model_and_tokenizer or load_model_and_tokenizer(model_path, tokenizer, dtype=dtype, device=device)
     if examples is None:
-        examples = load_examples(benchmark, split, data, limit, model_path=str(model_path), what=data_label)
+        examples = load()
     info = run_info(model_path)
     mode = prefix_attention or info.get("prefix_attention", "causal")
     template = benchmark.template
