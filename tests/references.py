@@ -7,6 +7,8 @@ equivalence tests of every family, the real-model checks, 2D rotary and training
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from mutor import MuToRModel
@@ -61,13 +63,26 @@ def register_refs(model: MuToRModel, batch: dict, out, mask_fn=None, keep=None):
         ids = batch["input_ids"][b, s:t + 1]
         pos = torch.arange(t + 1 - s) if "position_ids" not in batch else batch["position_ids"][b, s:t + 1]
         reg_pos = int(pos[-1]) + d - 1
-        vec = model.register_embeddings.weight[0 if cfg.register_embedding == "shared" else k]
+        vec = register_input(emb, model.register_embeddings.weight[0 if cfg.register_embedding == "shared" else k],
+                             cfg.register_embedding_scale)
         with torch.no_grad():
             x = torch.cat([emb(ids[None]), vec[None, None]], 1)                 # (1, n+1, C)
             p = torch.cat([pos, torch.tensor([reg_pos])])[None]                  # (1, n+1)
             mask = torch.ones(1, x.shape[1], dtype=torch.long) if mask_fn is None else mask_fn(p[0], x.dtype)
             ref = base(inputs_embeds=x, attention_mask=mask, position_ids=p).logits[0, -1]
         yield out.logits[row], ref, (b, t, d)
+
+
+def register_input(emb, vec: torch.Tensor, as_vocabulary_row: bool = True) -> torch.Tensor:
+    """(C,) the register's input vector. The official code's register is a ``<reg>`` vocabulary row, so its input
+    is that row looked up through the model's own embedding (Gemma multiplies every row by sqrt(hidden)): a copy
+    of the embedding whose row 0 is ``vec``, looked up at 0. ``as_vocabulary_row=False``: ``vec`` as it is."""
+    if not as_vocabulary_row:
+        return vec
+    table = copy.deepcopy(emb)
+    with torch.no_grad():
+        table.weight[0] = vec.to(table.weight.dtype)
+        return table(torch.zeros(1, 1, dtype=torch.long, device=vec.device))[0, 0]
 
 
 def random_checkpoint_run(path, data_block: str, tokenizer, steps=(1, 2)) -> None:

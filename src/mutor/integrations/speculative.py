@@ -51,15 +51,16 @@ from .draft_choice import DraftLength, DraftStats
 def _register_vectors(model: MuToRModel, offsets: list[int]) -> torch.Tensor:
     """(K-1, C) the register embedding for each drafting offset (per-offset vectors where trained)."""
     cfg = model.mutor_config
-    w = model.register_embeddings.weight
+    dtype = model.base_model.get_input_embeddings().weight.dtype
+    vectors = lambda rows: model.register_inputs(torch.tensor(rows, device=model.device), dtype)   # noqa: E731
     if cfg.register_embedding == "shared":
-        return w[[0] * len(offsets)]
+        return vectors([0] * len(offsets))
     choices = [c[0] for c in cfg.offset_choices()]
     missing = [d for d in offsets if d not in choices]
     if missing:
         raise ValueError(f"draft offsets {missing} have no trained per-offset register (trained offsets: {choices}); "
                          f"use draft_registers <= {max(choices)}")
-    return w[[choices.index(d) for d in offsets]]
+    return vectors([choices.index(d) for d in offsets])
 
 
 def _step_mask(model: MuToRModel, past: int, m: int, src: torch.Tensor, reg_pos: torch.Tensor, dtype, prompt_len: int):

@@ -5,7 +5,9 @@ Nothing of the base model is forked or patched. One forward pass:
 1. ``layout.build_layout`` samples an offset per row and decides every register;
 2. token embeddings come from the model's own input embedding (so Gemma's
    sqrt(hidden) scaling and LoRA on embeddings apply), register vectors from
-   ``register_embeddings``; both are concatenated into ``inputs_embeds``;
+   ``register_embeddings``, times that same embedding scale (the official code's
+   ``<reg>`` is a vocabulary row, scaled with the rest); both are concatenated into
+   ``inputs_embeds``;
 3. ``masks.build_attention_mask`` turns the layout into the mask the model's
    attention backend needs, and explicit ``position_ids`` carry the offsets; under
    ``sdpa`` the register rows are computed apart from the regular ones
@@ -100,12 +102,39 @@ class MuToRModel(TrainingWrapper):
 
     @torch.no_grad()
     def _init_registers(self, emb: nn.Module) -> None:
-        """Normal init with the per-coordinate std of embedded tokens (after any model-side scaling)."""
+        """Normal init whose input-space values have the per-coordinate std of embedded tokens (after any
+        model-side scaling): in table space, that std divided by the embedding scale."""
         vocab = emb.weight.shape[0]
         ids = torch.linspace(0, vocab - 1, min(vocab, 4096), device=emb.weight.device).long()
         std = emb(ids[None]).float().std().item()                                      # (1, n, C) -> scalar
+        scale = self._embedding_scale()
+        if scale is not None:
+            std /= float(scale)
         w = torch.randn(self.register_embeddings.weight.shape, generator=self._generator) * std
         self.register_embeddings.weight.copy_(w.to(self.register_embeddings.weight))
+
+    def _embedding_scale(self) -> Optional[Union[torch.Tensor, float]]:
+        """The factor the model's token embedding multiplies its table rows by (Gemma's sqrt(hidden), kept in
+        ``embed_scale`` by transformers' scaled word embeddings; under peft, on the wrapped layer), or None:
+        no scale, or ``register_embedding_scale`` off."""
+        if not self.mutor_config.register_embedding_scale:
+            return None
+        emb = self.base_model.get_input_embeddings()
+        for module in (emb, getattr(emb, "base_layer", None)):
+            scale = getattr(module, "embed_scale", None)
+            if scale is not None:
+                return scale
+        return None
+
+    def register_inputs(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The register vectors ``register_embeddings(index)`` as they enter the model, in ``dtype``: cast, then
+        multiplied by the model's embedding scale as its embedding multiplies a vocabulary row (the scale cast
+        to ``dtype`` first, as transformers' scaled word embeddings do)."""
+        reg = self.register_embeddings(index).to(dtype)                                   # (..., C)
+        scale = self._embedding_scale()
+        if scale is None:
+            return reg
+        return reg * (scale.to(dtype) if torch.is_tensor(scale) else scale)
 
     # ------------------------------------------------------------ what the trainer asks
     def count_reg_targets(self, batch: dict) -> int:
@@ -213,7 +242,7 @@ class MuToRModel(TrainingWrapper):
         tok = self.base_model.get_input_embeddings()(input_ids)                          # (B, T, C)
         shared = self.mutor_config.register_embedding != "per_offset"
         rows = torch.zeros_like(layout.reg_choice) if shared else layout.reg_choice
-        reg = self.register_embeddings(rows).to(tok.dtype)                                # (B, R, C)
+        reg = self.register_inputs(rows, tok.dtype)                                       # (B, R, C)
         return torch.cat([tok, reg], dim=1)                                               # (B, T+R, C)
 
     def _attention_context(self, layout: RegisterLayout, mask):

@@ -520,7 +520,8 @@ class TrainingWrapper(nn.Module):
                                         "save_pretrained (a plain transformers checkpoint loads with "
                                         "AutoModelForCausalLM)")
         options = {k: kwargs.pop(k) for k in cls.options if k in kwargs}
-        config = cls.config_class.from_dict(json.loads((path / cls.config_file).read_text()))
+        config = cls.config_class.from_dict({**cls.config_class.sidecar_defaults,
+                                               **json.loads((path / cls.config_file).read_text())})
         if base is None:
             base = load_base_model(path, **kwargs)
         model = cls(base, config, **options)
