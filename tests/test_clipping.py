@@ -14,12 +14,11 @@ import math
 
 import pytest
 import torch
-from transformers import TrainingArguments
 
 from mutor import MuToRConfig, MuToRModel
 from mutor.data.collator import PaddingCollator
 from mutor.integrations.clipping import check_grad_clip
-from mutor.integrations.trainer import MuToRTrainer
+from mutor.integrations.trainer import MuToRTrainer, MuToRTrainingArguments
 from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel
 from mutor.models.presets import tiny_causal_lm
 
@@ -51,7 +50,7 @@ def _args(tmp, **kw):
     args = dict(output_dir=str(tmp), max_steps=1, per_device_train_batch_size=4, learning_rate=1.0, optim="sgd",
                 report_to=[], save_strategy="no", logging_steps=1, seed=0, use_cpu=True, dataloader_pin_memory=False,
                 disable_tqdm=True, remove_unused_columns=False, lr_scheduler_type="constant", weight_decay=0.0)
-    return TrainingArguments(**{**args, **kw})
+    return MuToRTrainingArguments(**{**args, **kw})
 
 
 def _clipped(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], float]:
@@ -82,8 +81,8 @@ def test_one_clipped_step_updates_each_group_by_its_own_clipped_gradient(tmp_pat
         o_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in own_grads.values()))
     expected = {n: before[n] - g for n, g in zip(list(model_grads) + list(own_grads), m_clip + o_clip)}
 
-    trainer = MuToRTrainer(model=model, args=_args(tmp_path, max_grad_norm=MAX_NORM), train_dataset=data,
-                           data_collator=PaddingCollator(), grad_clip=mode)
+    trainer = MuToRTrainer(model=model, args=_args(tmp_path, max_grad_norm=MAX_NORM, grad_clip=mode),
+                           train_dataset=data, data_collator=PaddingCollator())
     trainer.train()
     after = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     for n in expected:
@@ -139,4 +138,4 @@ def test_grad_clip_modes_and_backends_are_checked_by_name():
         check_grad_clip("separate", fsdp1=True)
     check_grad_clip("joint", deepspeed=True)
     with pytest.raises(ValueError, match="grad_clip must be one of"):
-        MuToRTrainer(model=_wrapper("mutor", lora=False), args=_args("unused"), grad_clip="sometimes")
+        MuToRTrainer(model=_wrapper("mutor", lora=False), args=_args("unused", grad_clip="sometimes"))

@@ -83,10 +83,9 @@ def _worker(argv: list[str]) -> None:
 
     import deepspeed
     from test_fsdp import _base, _dataset
-    from transformers import TrainingArguments
 
     from mutor import MuToRConfig, MuToRModel
-    from mutor.integrations.trainer import MuToRTrainer
+    from mutor.integrations.trainer import MuToRTrainer, MuToRTrainingArguments
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -98,15 +97,16 @@ def _worker(argv: list[str]) -> None:
           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
           "gradient_clipping": "auto", "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.0}},
           "zero_allow_untested_optimizer": True}
-    args = TrainingArguments(output_dir=a.out, max_steps=4, per_device_train_batch_size=2,
-                             gradient_accumulation_steps=a.accum, use_cpu=True, save_strategy="steps", save_steps=2,
-                             learning_rate=1e-3, lr_scheduler_type="linear", logging_steps=1, report_to=[], seed=0,
-                             max_grad_norm=0.05, remove_unused_columns=False, disable_tqdm=True, deepspeed=ds)
+    args = MuToRTrainingArguments(output_dir=a.out, max_steps=4, per_device_train_batch_size=2,
+                                  gradient_accumulation_steps=a.accum, use_cpu=True, save_strategy="steps",
+                                  save_steps=2, learning_rate=1e-3, lr_scheduler_type="linear", logging_steps=1,
+                                  report_to=[], seed=0, max_grad_norm=0.05, remove_unused_columns=False,
+                                  disable_tqdm=True, deepspeed=ds, grad_clip="joint")
     model = MuToRModel(_base(), MuToRConfig(d_max=2, min_offset=2, loss_weight=0.3))
     if args.should_save and not a.resume:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, Path(a.out) / "init.pt")
-    trainer = MuToRTrainer(model=model, args=args, train_dataset=_dataset(), grad_clip="joint")
+    trainer = MuToRTrainer(model=model, args=args, train_dataset=_dataset())
     trainer.train(resume_from_checkpoint=a.resume)
     trainer.save_model(a.out)
     if trainer.args.should_save:

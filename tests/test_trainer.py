@@ -168,10 +168,10 @@ def test_accumulated_denominators_are_the_global_counts(tmp_path):
     batches = [_WithOffsets()(data[i:i + 2]) for i in (0, 2)]
     it = iter(batches)
     samples, n_items = trainer.get_batch_samples(it, 2, torch.device("cpu"))
-    trainer._count_reg_targets()
+    n_reg = trainer.count_registers(samples)          # what the step's first training_step does
     outs = [model(**b) for b in samples]
     assert int(n_items) == sum(o.num_ntp_tokens for o in outs)
-    assert int(trainer._num_reg_in_batch) == sum(o.num_registers for o in outs)
+    assert int(n_reg) == sum(o.num_registers for o in outs)
 
 
 @pytest.mark.parametrize("cfg,builds_per_micro_batch", [(MuToRConfig(d_max=3, loss_weight=0.3), 1),

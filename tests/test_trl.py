@@ -24,7 +24,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 
 from mutor import MuToRConfig, MuToRModel  # noqa: E402
-from mutor.integrations.trl import MuToRSFTTrainer  # noqa: E402
+from mutor.integrations.trl import MuToRSFTConfig, MuToRSFTTrainer  # noqa: E402
 from mutor.methods.multi_token import MultiTokenConfig, MultiTokenModel  # noqa: E402
 from mutor.models.presets import tiny_causal_lm  # noqa: E402
 
@@ -84,14 +84,14 @@ FORMAT_ARGS = {
 }
 
 
-def _args(tmp, **kw) -> SFTConfig:
+def _args(tmp, config=SFTConfig, **kw) -> SFTConfig:
     base = dict(output_dir=str(tmp), max_steps=4, per_device_train_batch_size=4, learning_rate=3e-3,
                 report_to=[], use_cpu=True, logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
                 dataloader_pin_memory=False,
                 bf16=False, gradient_checkpointing=False)     # SFTConfig's defaults (bf16 autocast even on CPU, and
                                                               # recomputed activations) only cost time on tiny models
     base.update(kw)
-    return SFTConfig(**base)
+    return config(**base)
 
 
 def _state(model) -> dict:
@@ -138,9 +138,9 @@ def test_loss_weight_zero_is_a_plain_sfttrainer_run(tmp_path):
 def test_clipping_modes_reach_sfttrainer(tmp_path, mode):
     """grad_clip passes through MuToRSFTTrainer: the register's own gradient norm is logged beside grad_norm, and
     under separate clipping grad_norm is the model's own (below the joint norm when the register has a gradient)."""
+    args = _args(tmp_path, MuToRSFTConfig, max_steps=1, max_grad_norm=0.05, grad_clip=mode)
     trainer = MuToRSFTTrainer(model=tiny_causal_lm(V, seed=0), mutor_config=MuToRConfig(d_max=2, min_offset=2,
-                                                                                         loss_weight=0.5),
-                              args=_args(tmp_path, max_steps=1, max_grad_norm=0.05), grad_clip=mode,
+                                                                                         loss_weight=0.5), args=args,
                               train_dataset=dataset("prompt_completion"), processing_class=word_tokenizer())
     trainer.train()
     log = _train_logs(trainer)[0]

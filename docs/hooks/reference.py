@@ -11,8 +11,9 @@ A page asks for a table with a one-line HTML comment; the hook replaces it befor
 * ``<!-- mutor:cli train -->``: the ``--help`` text of one ``mutor`` command.
 * ``<!-- mutor:task-keys TASK -->`` before a hand-written Markdown table: the data options a task accepts
   have no help text in the code (they are plain dicts), so their table is written by hand; the hook checks that
-  its first column names exactly the keys the task's builder accepts and warns (an error under
-  ``mkdocs build --strict``) when one is missing or no longer exists.
+  its first column names exactly the keys the task's builder accepts, plus the keys every task has (the fields
+  of ``mutor.run.arguments.DataArguments``), and warns (an error under ``mkdocs build --strict``) when one is
+  missing or no longer exists.
 
 An unknown ``mutor:`` directive is a warning too.
 """
@@ -34,8 +35,6 @@ from pathlib import Path
 log = logging.getLogger("mkdocs.hooks.reference")
 
 _DIRECTIVE = re.compile(r"^<!-- mutor:(?P<kind>[a-z-]+)(?: (?P<arg>[^>]*?))? -->[ \t]*$", re.M)
-# keys the training run reads from the data block itself, for every task, before the task's builder sees it
-_RUN_KEYS = {"task", "packing", "truncate_to_model"}
 
 
 def on_config(config, **kwargs):
@@ -229,13 +228,16 @@ def cli_help(command: str) -> str:
 def task_keys(task: str) -> set[str]:
     """The data options ``task`` accepts, as its builder states them when handed one it does not know."""
     from mutor.data.registry import build_training_data
+    from mutor.run.arguments import DataArguments
 
+    # the keys the run reads from the data block itself, for every task, before the task's builder sees the rest
+    run_keys = {f.name for f in dataclasses.fields(DataArguments) if f.init}
     try:
         build_training_data(task, {"__no_such_option__": 1}, tokenizer=None, seed=0)
     except Exception as err:                          # the builder's refusal lists what it takes
         listed = re.findall(r"\[[^\[\]]*\]", str(err))
         if listed:
-            return set(ast.literal_eval(listed[-1])) | _RUN_KEYS
+            return set(ast.literal_eval(listed[-1])) | run_keys
         raise ValueError(f"task {task!r} refused an unknown option without listing its options: {err}") from None
     raise ValueError(f"task {task!r} accepted an unknown option")
 

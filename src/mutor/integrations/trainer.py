@@ -1,45 +1,40 @@
 """MuToRTrainer: ``transformers.Trainer`` that drives MuToR, the Multi-Token baseline, or a plain model.
 
-It overrides only what it must:
+Its options are fields of :class:`MuToRTrainingArguments` (``grad_clip``, ``task_eval_steps``) beside Trainer's
+own; the task's evaluator, a function, is a constructor argument like Trainer's ``compute_metrics``. What it
+changes, through Trainer's public hooks:
 
-* ``get_batch_samples`` / ``training_step``: for an auxiliary objective (registers or heads)
-  the auxiliary targets of *all* micro-batches of an optimizer step are counted before the
-  first forward, as Trainer counts label tokens for ``num_items_in_batch``; MuToR's offsets
-  are sampled then (and passed as ``offset_index``) so that the count is known in advance.
-  That happens in the step's first ``training_step``, after Trainer has restored the RNG
-  states of a resumed run, so a resumed run samples the same offsets. Both
-  losses are then token-weighted means over the whole accumulated (and, with
-  ``average_tokens_across_devices``, distributed) batch, so gradient accumulation gives the
-  same update as one big batch.
-* ``compute_loss``: passes ``num_registers_in_batch`` and keeps ntp / auxiliary / per-offset
-  losses and accuracies for the logs; for a plain model it is Trainer's own, untouched.
-* ``_clip_grad_norm``: by default (``grad_clip="separate"``) the model's parameters and the wrapper's own
-  (register vector, Multi-Token heads) are clipped against ``max_grad_norm`` each on its own, so the
-  model gets exactly the update clipping would give it without mutor; ``grad_clip="joint"`` is Trainer's
-  clipping of all of them together (the official code's). See :mod:`mutor.integrations.clipping`.
-* ``log``: adds those running means (token-weighted over the logging window), the wrapper's own gradient
-  norm (``reg_grad_norm``, beside Trainer's ``grad_norm``, which is the model's own under ``separate``)
-  and the fraction of the window's steps whose update clipping scaled (``grad_clipped``,
-  ``reg_grad_clipped``).
+* ``get_batch_samples`` / ``training_step``: for an auxiliary objective (registers or heads) the auxiliary
+  targets of *all* micro-batches of an optimizer step are counted before the first forward, as Trainer counts
+  label tokens for ``num_items_in_batch``, and each micro-batch carries the count (``num_registers_in_batch``)
+  into its forward. MuToR samples its offsets as it counts, so the counting happens at the step's first
+  ``training_step``, after Trainer has restored the RNG states of a resumed run (it does so after fetching the
+  step's batches): the step's micro-batches reach it inside the first one, and the trainer keeps nothing between
+  the two hooks. Both losses are token-weighted means over the whole accumulated (and, with
+  ``average_tokens_across_devices``, distributed) batch, so gradient accumulation gives the update of one batch.
+* ``compute_loss`` / ``log``: the forward's loss sums are added up per logging window, and each training log
+  gets the window's token-weighted ``ntp_loss``, ``reg_loss``, accuracies, per-offset values and what clipping
+  did (``grad_clipped``, ``reg_grad_norm``, ``reg_grad_clipped``); for a plain model the loss is Trainer's own.
 * ``evaluation_loop``: ``eval_ntp_loss`` and ``eval_reg_loss`` are sums over the whole evaluation set divided by
   its supervised tokens and its registers, and ``eval_loss`` is ``(1-a) * eval_ntp_loss + a * eval_reg_loss``
   (``eval_ntp_loss`` for next-token and a plain model), where Trainer would average per-batch means.
-* ``_save`` / ``_load_from_checkpoint``: a checkpoint is the base model saved exactly as
-  transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both.
-  Under FSDP / DeepSpeed ZeRO-3 the live parameters are shards, so both parts are written from the
-  state dict Trainer gathers, and an FSDP resume loads the whole wrapper from FSDP's own file.
-  ``Trainer.train(resume_from_checkpoint=...)`` then restores optimizer, scheduler, RNG states
-  and data position as usual, so a resumed run continues exactly.
+* callbacks: the task evaluator at step 0, every ``task_eval_steps`` and at the end; a log at the last step (so
+  a run shorter than ``logging_steps`` still has a training loss); and in every checkpoint the running sum of the
+  per-step training losses (``mutor_train_loss.json``), so :meth:`MuToRTrainer.whole_run_train_loss` is the
+  mean over the whole run also after a resume.
 
-Two additions for the run summary: the last step is always logged (so a run shorter than
-``logging_steps`` still has a training-loss record), and each checkpoint stores the running sum of
-the per-step training losses (``mutor_train_loss.json``), so :meth:`MuToRTrainer.whole_run_train_loss`
-is the mean over the whole run also after a resume (Trainer's own ``train_loss`` then covers only
-the steps since the resume).
+Where transformers has no public hook, a private one is overridden or read, each with a comment saying why;
+:data:`PRIVATE_TRAINER_NAMES` lists them and a test checks that the installed transformers still has each:
 
-A task ``evaluator(model, step) -> dict`` (held-out metrics of the plain model) runs at step 0, every
-``eval_steps`` (a fraction of ``max_steps`` when below 1, as Trainer reads it) and at the end; its numbers go through ``self.log`` (TensorBoard, progress bar,
-``trainer_state.json``) with an ``eval_`` prefix.
+* ``_clip_grad_norm`` / ``_get_grad_norm``: by default (``grad_clip="separate"``) the model's parameters and the
+  wrapper's own (register vector, Multi-Token heads) are clipped against ``max_grad_norm`` each on its own, so the
+  model gets exactly the update clipping would give it without mutor (:mod:`mutor.integrations.clipping`).
+* ``_save`` / ``_load_from_checkpoint`` / ``_load_best_model``: a checkpoint is the base model saved exactly as
+  transformers (or peft) saves it, plus the wrapper's sidecar files, and resuming loads both. Under FSDP /
+  DeepSpeed ZeRO-3 both parts are written from the state dict Trainer gathers, and an FSDP resume loads the whole
+  wrapper from FSDP's own file. Trainer then restores optimizer, scheduler, RNG states and data position as
+  usual, so a resumed run continues exactly.
+* ``_total_loss_scalar`` / ``_tr_loss``: the run's loss sum so far, for the checkpoints.
 """
 
 from __future__ import annotations
@@ -50,23 +45,87 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core.layout import IGNORE_INDEX
 from ..methods.wrapper import TrainingWrapper
-from .clipping import check_grad_clip, clip_group
+from .clipping import GRAD_CLIP_MODES, check_grad_clip, clip_group
 
-__all__ = ["MuToRTrainer"]
+__all__ = ["MuToRTrainer", "MuToRArguments", "MuToRTrainingArguments", "PRIVATE_TRAINER_NAMES"]
 
 TRAIN_LOSS_FILE = "mutor_train_loss.json"
+REGISTERS_IN_BATCH = "num_registers_in_batch"   # the accumulated batch's register count, in each micro-batch
+STEP_BATCHES = "mutor_step_batches"             # in a step's first micro-batch: all of the step's micro-batches
+
+# what MuToRTrainer overrides or reads of Trainer where transformers has no public hook (see the module docstring)
+PRIVATE_TRAINER_NAMES = ("_clip_grad_norm", "_get_grad_norm", "_save", "_load_from_checkpoint", "_load_best_model",
+                         "_total_loss_scalar", "_tr_loss")
 
 
+@dataclass
+class MuToRArguments:
+    """mutor's training options, mixed into Trainer's (:class:`MuToRTrainingArguments`) or TRL's
+    (:class:`~mutor.integrations.trl.MuToRSFTConfig`) arguments. Each field's ``help`` says what it takes.
+
+    Raises:
+        ValueError: An unknown ``grad_clip``, or a negative ``task_eval_steps``.
+    """
+
+    grad_clip: str = field(
+        default=GRAD_CLIP_MODES[0],
+        metadata={"help": "separate | joint: how max_grad_norm treats the method's own parameters (register "
+                          "vector, Multi-Token heads). separate: they and the model are clipped each on its own, so "
+                          "the model's update is clipped exactly as without them; joint: Trainer's clipping of all "
+                          "parameters together (the paper's official code). mutor.integrations.clipping"})
+    task_eval_steps: Optional[float] = field(
+        default=None,
+        metadata={"help": "How often the task's own evaluator runs (the star-graph solve rate, the digits' "
+                          "samples), in steps, or a fraction of max_steps when below 1; 0: only at step 0 and at "
+                          "the end, where it always runs. None: eval_steps."})
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()                                     # TrainingArguments' (or SFTConfig's) own checks first
+        check_grad_clip(self.grad_clip)
+        if self.task_eval_steps is not None and not self.task_eval_steps >= 0:
+            raise ValueError(f"task_eval_steps must be >= 0 or None (got {self.task_eval_steps!r})")
+
+
+@dataclass
+class MuToRTrainingArguments(MuToRArguments, TrainingArguments):
+    """``transformers.TrainingArguments`` with mutor's options (:class:`MuToRArguments`): what
+    :class:`MuToRTrainer` takes as ``args``, and what a recipe's ``training`` block is read into. A plain
+    ``TrainingArguments`` works too, with mutor's defaults."""
+
+
+_DEFAULTS = {f.name: f.default for f in fields(MuToRArguments)}
+
+
+def mutor_option(args, name: str):
+    """A :class:`MuToRArguments` field of ``args``, or its default for a plain ``TrainingArguments`` / ``SFTConfig``."""
+    return getattr(args, name, _DEFAULTS[name])
+
+
+def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
+    """``eval_steps`` in steps, resolved as Trainer resolves it: a value below 1 is a fraction of ``max_steps``
+    (``ceil(max_steps * eval_steps)``); None or 0 means no periodic evaluation."""
+    if not eval_steps:
+        return None
+    if eval_steps < 1:
+        return max(1, math.ceil(max_steps * eval_steps))
+    return int(eval_steps)
+
+
+# ----------------------------------------------------------------- callbacks
 class _TaskEvalCallback(TrainerCallback):
-    """Run the task's evaluator at step 0, every ``eval_steps`` and at the end of training."""
+    """Run the task's evaluator at step 0, every ``task_eval_steps`` (else ``eval_steps``) and at the end."""
 
     def __init__(self, trainer: "MuToRTrainer"):
         self.trainer = trainer
@@ -86,7 +145,8 @@ class _TaskEvalCallback(TrainerCallback):
         self._run(state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
-        every = eval_interval(args.eval_steps, state.max_steps)
+        steps = mutor_option(args, "task_eval_steps")
+        every = eval_interval(args.eval_steps if steps is None else steps, state.max_steps)
         if (every and state.global_step % every == 0) or state.global_step >= state.max_steps:
             self._run(state, control)
 
@@ -99,16 +159,24 @@ class _LogLastStep(TrainerCallback):
             control.should_log = True
 
 
-def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
-    """``eval_steps`` in steps, resolved as Trainer resolves it: a value below 1 is a fraction of ``max_steps``
-    (``ceil(max_steps * eval_steps)``); None or 0 means no periodic evaluation."""
-    if not eval_steps:
-        return None
-    if eval_steps < 1:
-        return max(1, math.ceil(max_steps * eval_steps))
-    return int(eval_steps)
+class _LossSumInCheckpoint(TrainerCallback):
+    """Write the run's training-loss sum so far (what Trainer's ``train_loss`` sums) into each checkpoint."""
+
+    def __init__(self, trainer: "MuToRTrainer"):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if args.should_save and folder.is_dir():
+            t = self.trainer
+            # private: Trainer keeps the sum of the logged windows and the window since in these two, with no
+            # public accessor (its train_loss exists only once train() returns)
+            loss_sum = t._total_loss_scalar + float(t._tr_loss.item())
+            (folder / TRAIN_LOSS_FILE).write_text(json.dumps({"global_step": state.global_step,
+                                                              "loss_sum": loss_sum}) + "\n")
 
 
+# ------------------------------------------------------------------- trainer
 class MuToRTrainer(Trainer):
     """``transformers.Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
 
@@ -118,34 +186,38 @@ class MuToRTrainer(Trainer):
     sidecar, and a resumed run continues exactly.
 
     Args:
-        *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...).
+        *args: ``transformers.Trainer``'s positional arguments (``model``, ``args``, ...). ``args`` is a
+            :class:`MuToRTrainingArguments` (``grad_clip``, ``task_eval_steps``), or a plain
+            ``TrainingArguments`` for mutor's defaults.
         task_evaluator: ``task_evaluator(model, step) -> dict`` of held-out metrics computed with the plain base
-            model at step 0, every ``eval_steps`` and at the end; logged with an ``eval_`` prefix. None: none.
-        grad_clip: ``"separate"``: the model's parameters and the wrapper's own (register vector, heads) are
-            each clipped against ``max_grad_norm`` on its own, so the model gets the clipping it would get
-            without mutor. ``"joint"``: Trainer's clipping of all of them together.
+            model at step 0, every ``task_eval_steps`` and at the end; logged with an ``eval_`` prefix. None: none.
         **kwargs: ``transformers.Trainer``'s keyword arguments.
 
     Raises:
-        ValueError: An unknown ``grad_clip``; and, when :meth:`train` starts, ``"separate"`` under a backend
-            that cannot run it (FSDP1, DeepSpeed).
+        TypeError: ``grad_clip`` given here (it is a field of :class:`MuToRTrainingArguments`).
+        ValueError: When :meth:`train` starts, ``grad_clip="separate"`` under a backend that cannot run it
+            (FSDP1, DeepSpeed).
     """
 
-    def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None,
-                 grad_clip: str = "separate", **kwargs: Any):
-        check_grad_clip(grad_clip)
+    def __init__(self, *args: Any, task_evaluator: Optional[Callable[[Any, int], dict]] = None, **kwargs: Any):
+        if "grad_clip" in kwargs:
+            raise TypeError("MuToRTrainer: grad_clip is a field of the training arguments, not of the trainer: "
+                            "args=MuToRTrainingArguments(..., grad_clip=...)")
         super().__init__(*args, **kwargs)
-        self.grad_clip = grad_clip
-        self._clip_window: dict[str, float] = defaultdict(float)
         self.task_evaluator = task_evaluator
-        self._num_reg_in_batch: Optional[torch.Tensor] = None
-        self._pending = None
-        self._sums: dict[str, Any] = defaultdict(float)
+        # the forward's loss sums: the logging window's ("train"), the running evaluation's ("eval")
+        self._sums: dict[str, dict] = {"train": defaultdict(float), "eval": defaultdict(float)}
         if task_evaluator is not None:
             self.add_callback(_TaskEvalCallback(self))
         self.add_callback(_LogLastStep())
+        self.add_callback(_LossSumInCheckpoint(self))
 
     # ----------------------------------------------------------------- helpers
+    @property
+    def grad_clip(self) -> str:
+        """How clipping treats the wrapper's own parameters: ``args.grad_clip`` (``"separate"`` or ``"joint"``)."""
+        return mutor_option(self.args, "grad_clip")
+
     def training_wrapper(self) -> Optional[TrainingWrapper]:
         """The wrapper being trained (MuToR, Multi-Token, next-token), or None for a plain model."""
         m = self.accelerator.unwrap_model(self.model)
@@ -193,13 +265,10 @@ class MuToRTrainer(Trainer):
         move the training RNG."""
         w = self.training_wrapper()
         args = (dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        self._eval_sums = defaultdict(float)
+        self._sums["eval"] = defaultdict(float)
         if w is None:
-            try:
-                output = super().evaluation_loop(*args)
-            finally:
-                s, self._eval_sums = self._eval_sums, None
-            return self._token_weighted_eval_losses(output, s, 0.0, metric_key_prefix)
+            output = super().evaluation_loop(*args)
+            return self._token_weighted_eval_losses(output, self._sums["eval"], 0.0, metric_key_prefix)
         private = w.rng_state()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.args.seed)
@@ -210,8 +279,7 @@ class MuToRTrainer(Trainer):
             finally:
                 if private is not None:
                     w.set_rng_state(private)
-                s, self._eval_sums = self._eval_sums, None
-        return self._token_weighted_eval_losses(output, s, w.loss_weight, metric_key_prefix)
+        return self._token_weighted_eval_losses(output, self._sums["eval"], w.loss_weight, metric_key_prefix)
 
     def _token_weighted_eval_losses(self, output, s: dict, a: float, metric_key_prefix: str):
         """``output`` with ``{prefix}_ntp_loss``, ``{prefix}_reg_loss`` and ``{prefix}_loss`` from the evaluation's
@@ -252,6 +320,8 @@ class MuToRTrainer(Trainer):
         return super().train(*args, **kwargs)
 
     def _clip_grad_norm(self, model):
+        # private: Trainer clips here, between the last backward and the optimizer step, and no public hook runs
+        # before it (on_pre_optimizer_step comes after)
         groups = self._split_groups()
         if groups is None:
             norm = super()._clip_grad_norm(model)
@@ -260,6 +330,7 @@ class MuToRTrainer(Trainer):
         return self._clip_groups(groups, self.args.max_grad_norm)
 
     def _get_grad_norm(self, model, grad_norm=None):
+        # private: the norm Trainer logs as grad_norm comes from here, also when it does not clip (max_grad_norm 0)
         if grad_norm is None and (groups := self._split_groups()) is not None:     # max_grad_norm 0: norms only
             grad_norm = self._clip_groups(groups, float("inf"))
         return super()._get_grad_norm(model, grad_norm=grad_norm)
@@ -283,8 +354,8 @@ class MuToRTrainer(Trainer):
         if norm is None:
             return
         max_norm = self.args.max_grad_norm if max_norm is None else max_norm
-        c = self._clip_window
-        c["steps"] += 1
+        c = self._sums["train"]
+        c["clip_steps"] += 1
         c["clipped"] += float(float(norm) > max_norm)
         if reg is not None:
             c["reg_norm"] = float(reg)
@@ -294,46 +365,53 @@ class MuToRTrainer(Trainer):
     # --------------------------------------------------------------- the loss
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        # offsets are sampled at the step's first training_step, not here: on resume, Trainer restores the
-        # RNG states only after fetching the first step's batches, and the offsets must come after that
-        self._pending = (batch_samples, device) if self.training_wrapper() is not None else None
-        self._num_reg_in_batch = None
+        if batch_samples and self.training_wrapper() is not None:
+            # counted at the step's first training_step, not here: on resume, Trainer restores the RNG states
+            # only after fetching the first step's batches, and MuToR draws its offsets as it counts
+            batch_samples[0][STEP_BATCHES] = list(batch_samples)
         return batch_samples, num_items_in_batch
 
-    def _count_reg_targets(self) -> None:
-        """Count the auxiliary targets of every micro-batch of this optimizer step (MuToR samples its offsets)."""
-        batch_samples, device = self._pending
-        self._pending = None
-        w = self.training_wrapper()
-        n = torch.tensor(sum(w.count_reg_targets(b) for b in batch_samples), device=device)
-        if self.args.average_tokens_across_devices and self.args.world_size > 1:
-            n = self.accelerator.gather(n).sum()
-        self._num_reg_in_batch = n
-
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if getattr(self, "_pending", None) is not None:
-            self._count_reg_targets()
+        if STEP_BATCHES in inputs:
+            self.count_registers(inputs[STEP_BATCHES])
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def count_registers(self, batch_samples: list[dict]) -> torch.Tensor:
+        """Count the auxiliary targets of every micro-batch of one optimizer step (MuToR samples its offsets).
+
+        Args:
+            batch_samples: The step's micro-batches (:meth:`get_batch_samples`); each gets the count under
+                ``num_registers_in_batch``, the denominator of its register loss.
+
+        Returns:
+            The count, over every process with ``average_tokens_across_devices``.
+        """
+        w = self.training_wrapper()
+        for b in batch_samples:
+            b.pop(STEP_BATCHES, None)
+        n = torch.tensor(sum(w.count_reg_targets(b) for b in batch_samples), device=self.args.device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            n = self.accelerator.gather(n).sum()
+        for b in batch_samples:
+            b[REGISTERS_IN_BATCH] = n
+        return n
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if model.training else "eval"
         if self.training_wrapper() is None:
-            evaluating = not model.training and getattr(self, "_eval_sums", None) is not None
-            targets = self._next_token_targets(inputs) if evaluating else None     # before label smoothing pops them
+            targets = self._next_token_targets(inputs) if mode == "eval" else None   # before label smoothing pops
             # evaluating, each batch's own mean (not scaled to a count over processes): times its count, a sum
             out = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                       num_items_in_batch=None if evaluating else num_items_in_batch)
+                                       num_items_in_batch=None if mode == "eval" else num_items_in_batch)
             if targets:
                 loss = out[0] if return_outputs else out
-                self._eval_sums["ntp_sum"] += float(loss.detach().double().mean()) * targets
-                self._eval_sums["ntp_n"] += targets
+                self._sums["eval"]["ntp_sum"] += float(loss.detach().double().mean()) * targets
+                self._sums["eval"]["ntp_n"] += targets
             return out
-        if model.training and self._num_reg_in_batch is not None and num_items_in_batch is not None:
-            inputs = {**inputs, "num_registers_in_batch": self._num_reg_in_batch}
+        if not (model.training and num_items_in_batch is not None):     # a per-batch mean: the batch's own count
+            inputs = {k: v for k, v in inputs.items() if k != REGISTERS_IN_BATCH}
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
-        if model.training:
-            self._accumulate(outputs, self._sums)
-        elif getattr(self, "_eval_sums", None) is not None:
-            self._accumulate(outputs, self._eval_sums)
+        self._accumulate(outputs, self._sums[mode])
         return (loss, outputs) if return_outputs else loss
 
     def _next_token_targets(self, inputs: dict) -> float:
@@ -363,39 +441,34 @@ class MuToRTrainer(Trainer):
             s["k_acc"] = s["k_acc"] + out.reg_hits_per_offset.float().cpu()
 
     def log(self, logs: dict, start_time: Optional[float] = None) -> None:
-        s = self._sums
-        if "loss" in logs and s.get("ntp_n"):
+        if "loss" in logs:                       # a training log: the window's means, and a new window
+            logs.update(self._window_logs(self._sums["train"]))
+            self._sums["train"] = defaultdict(float)
+        super().log(logs, start_time)
+
+    def _window_logs(self, s: dict) -> dict:
+        """The logging window's token-weighted means and clipping shares (rounded to 6 decimals)."""
+        logs = {}
+        if s.get("ntp_n"):
             logs["ntp_loss"] = round(s["ntp_sum"] / s["ntp_n"], 6)
             if s.get("reg_n"):
                 logs["reg_loss"] = round(s["reg_sum"] / s["reg_n"], 6)
                 logs["reg_accuracy"] = round(s["acc_sum"] / s["reg_n"], 6)
             if isinstance(s.get("k_n"), torch.Tensor):
-                for name, n, l, a in zip(self.training_wrapper().offset_names(), s["k_n"].tolist(), s["k_loss"].tolist(),
-                                         s["k_acc"].tolist()):
+                names = self.training_wrapper().offset_names()
+                for name, n, l, a in zip(names, s["k_n"].tolist(), s["k_loss"].tolist(), s["k_acc"].tolist()):
                     if n:
                         logs[f"reg_loss/{name}"] = round(l / n, 6)
                         logs[f"reg_accuracy/{name}"] = round(a / n, 6)
-            self._sums = defaultdict(float)
-        c = self._clip_window
-        if "loss" in logs and c.get("steps"):
-            logs["grad_clipped"] = round(c["clipped"] / c["steps"], 6)
-            if c.get("reg_steps"):
-                logs["reg_grad_norm"] = round(c["reg_norm"], 6)
+        if s.get("clip_steps"):
+            logs["grad_clipped"] = round(s["clipped"] / s["clip_steps"], 6)
+            if s.get("reg_steps"):
+                logs["reg_grad_norm"] = round(s["reg_norm"], 6)
                 if self.grad_clip == "separate":
-                    logs["reg_grad_clipped"] = round(c["reg_clipped"] / c["reg_steps"], 6)
-            self._clip_window = defaultdict(float)
-        super().log(logs, start_time)
+                    logs["reg_grad_clipped"] = round(s["reg_clipped"] / s["reg_steps"], 6)
+        return logs
 
     # ------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:            # the run's loss sum so far (what Trainer's train_loss sums)
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            loss_sum = self._total_loss_scalar + float(self._tr_loss.item())
-            if folder.is_dir():
-                (folder / TRAIN_LOSS_FILE).write_text(json.dumps({"global_step": self.state.global_step,
-                                                                   "loss_sum": loss_sum}) + "\n")
-
     def whole_run_train_loss(self, resumed_from: Optional[str] = None) -> float:
         """Mean training loss per optimizer step over the whole run, after :meth:`train`.
 
@@ -409,24 +482,27 @@ class MuToRTrainer(Trainer):
         Returns:
             The mean loss per step.
         """
-        start = self._initial_global_step
+        train_loss = next(h["train_loss"] for h in reversed(self.state.log_history) if "train_loss" in h)
+        state = Path(resumed_from) / "trainer_state.json" if resumed_from else None
+        history = json.loads(state.read_text()) if state is not None and state.is_file() else {}
+        start = history.get("global_step", 0)          # where the resumed train() started
+        if not start:
+            return train_loss
         done = self.state.global_step - start
-        if not resumed_from or start == 0:
-            return self._total_loss_scalar / max(done, 0.001)
+        since = train_loss * max(done, 0.001)          # Trainer's train_loss is this sum over max(done, 0.001)
         stored = Path(resumed_from) / TRAIN_LOSS_FILE
         if stored.is_file() and json.loads(stored.read_text()).get("global_step") == start:
             before, steps_before = float(json.loads(stored.read_text())["loss_sum"]), start
         else:                                # the logged window means, weighted by their lengths
             before, steps_before, prev = 0.0, 0, 0
-            state = Path(resumed_from) / "trainer_state.json"
-            history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-            for h in history:
+            for h in history.get("log_history", []):
                 if "loss" in h and "step" in h and prev < h["step"] <= start:
                     before += float(h["loss"]) * (h["step"] - prev)
                     steps_before, prev = h["step"], h["step"]
-        return (before + self._total_loss_scalar) / max(steps_before + done, 0.001)
+        return (before + since) / max(steps_before + done, 0.001)
 
     def _save(self, output_dir: Optional[str] = None, state_dict: Optional[dict] = None) -> None:
+        # private: save_model hands the state dict it gathers under FSDP / DeepSpeed ZeRO-3 only to _save
         w = self.training_wrapper()
         if w is None:
             return super()._save(output_dir, state_dict)
@@ -444,6 +520,7 @@ class MuToRTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Optional[torch.nn.Module] = None) -> None:
+        # private: Trainer loads a checkpoint's weights here (resuming, and the best model), with no public hook
         target = self.accelerator.unwrap_model(model if model is not None else self.model)
         if not isinstance(target, TrainingWrapper):
             return super()._load_from_checkpoint(resume_from_checkpoint, model=model)
@@ -453,22 +530,17 @@ class MuToRTrainer(Trainer):
             super()._load_from_checkpoint(resume_from_checkpoint, model=model)
             target.load_sidecar(resume_from_checkpoint, parameters=False)
             return
-        super()._load_from_checkpoint(resume_from_checkpoint, model=target.base_model)
+        # the checkpoint's weights are the base model's: Trainer loads them into self.model and judges the loaded
+        # keys by its attributes (lm_head.weight missing where embeddings are tied, say)
+        wrapper, self.model = self.model, target.base_model
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint)
+        finally:
+            self.model = wrapper
         target.load_sidecar(resume_from_checkpoint)
 
-    def _issue_warnings_after_load(self, load_result) -> None:
-        w = self.training_wrapper()
-        if w is None:
-            return super()._issue_warnings_after_load(load_result)
-        # the keys were loaded into the base model (_load_from_checkpoint above), so Trainer's judgement of them
-        # (lm_head.weight missing where embeddings are tied, say) reads the base model's attributes
-        model, self.model = self.model, w.base_model
-        try:
-            super()._issue_warnings_after_load(load_result)
-        finally:
-            self.model = model
-
     def _load_best_model(self) -> None:
+        # private: Trainer loads the best checkpoint at the end of training here, with no public hook
         if self.training_wrapper() is None:
             return super()._load_best_model()
         if self.state.best_model_checkpoint:

