@@ -1,13 +1,13 @@
-"""Two draft choosers on the clock, live: this checkout's ``DraftLength`` against another commit's, same process.
+"""Two draft policies on the clock, live: this checkout's ``DraftPolicy`` against another commit's, same process.
 
-A chooser change is judged on recorded traces first (``draft_replay``), but a replay charges costs from a table
-and cannot show how a chooser reads a real machine's load. This decodes the same prompts with plain decoding
-(``K=1`` on the drafting path), this checkout's ``auto`` and ``auto`` with the ``DraftLength`` of another source
-tree (a git worktree of an earlier commit; without one, this checkout's with other settings, ``--baseline-set``), all
-through this checkout's ``speculative.generate``, the three taking turns on each prompt (in the orders of a
-Williams design, ``benchmarks/timing.py``) so that a change of machine load hits them alike; one chooser instance
-each for all prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K,
-with 95 % intervals over the prompts (``benchmarks/timing.py``), and the two choosers' ratio with its interval::
+A policy change is judged on recorded traces first (``draft_replay``), but a replay charges costs from a table
+and cannot show how a policy reads a real machine's load. This decodes the same prompts with plain decoding
+(``K=1`` on the drafting path), this checkout's ``auto`` and ``auto`` with the ``DraftPolicy`` of another source
+tree (a git worktree of another commit; without one, this checkout's with other settings, ``--baseline-set``), all
+through this checkout's ``mutor.generate``, the three taking turns on each prompt (in the orders of a Williams
+design, ``mutor.eval.timing``) so that a change of machine load hits them alike; one policy instance each for all
+prompts, as ``mutor eval``. Prints one JSON object: seconds, speed against ``K=1`` and rounds per K, with 95 %
+intervals over the prompts (``mutor.eval.timing``), and the two policies' ratio with its interval::
 
     git worktree add --detach /tmp/old 5cac6a2
     python -m benchmarks.chooser_ab RUN/checkpoint-375 --task reasoning_gym --limit 60 --baseline-src /tmp/old/src
@@ -25,31 +25,27 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import bootstrap_ratio, williams_orders
+from mutor.eval.timing import bootstrap_ratio, williams_orders
 
 
-def baseline_chooser(src: Path):
-    """``DraftLength`` as defined in ``src/mutor/integrations/draft_choice.py`` of another tree, as a subclass of
-    this checkout's (so that ``generate`` takes it), every method and default its own."""
-    from mutor.integrations.draft_choice import DraftLength
-
-    path = src / "mutor" / "integrations" / "draft_choice.py"
+def baseline_policy(src: Path):
+    """The module ``src/mutor/generation/policy.py`` of another tree (it imports nothing of mutor's): its
+    ``DraftPolicy`` and ``DraftSettings``, every method and default its own."""
+    path = src / "mutor" / "generation" / "policy.py"
     if not path.is_file():
         raise SystemExit(f"--baseline-src: no {path}")
-    spec = importlib.util.spec_from_file_location("baseline_draft_choice", path)
+    spec = importlib.util.spec_from_file_location("baseline_draft_policy", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod                                   # its dataclasses look their module up
     spec.loader.exec_module(mod)
-    methods = {k: v for k, v in vars(mod.DraftLength).items() if callable(v) or isinstance(v, staticmethod)}
-    methods.setdefault("record_prompt", lambda self, rows, seconds: None)     # a tree before it: not told
-    return type("BaselineDraftLength", (DraftLength,), methods)
+    return mod
 
 
 def main(argv=None) -> int:
     from benchmarks.draft_replay import settings
     from mutor.eval.harness import load_drafter, run_info, task_prompts
-    from mutor.integrations.draft_choice import DraftLength, DraftStats
-    from mutor.integrations.speculative import generate
+    from mutor.generation import DraftPolicy, DraftSettings, DraftStats, FixedDraft, generate
+    from mutor.generation import policy as this_tree
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", type=Path)
@@ -59,23 +55,23 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (drafting.py's evidence rows: 1)")
     ap.add_argument("--baseline-src", type=Path, default=None, help="the src/ folder of the other tree (default: "
-                    "this checkout's chooser)")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a DraftLength setting of auto")
+                    "this checkout's policy)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a DraftSettings field of auto")
     ap.add_argument("--baseline-set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a DraftLength setting of the baseline")
+                    help="a DraftSettings field of the baseline")
     args = ap.parse_args(argv)
     if args.baseline_src is None and not args.baseline_set and not args.set:
         raise SystemExit("nothing to compare: give --baseline-src, --set or --baseline-set")
     torch.set_num_threads(args.threads)
-    Baseline = baseline_chooser(args.baseline_src) if args.baseline_src else DraftLength
+    baseline = baseline_policy(args.baseline_src) if args.baseline_src else this_tree
     mine, theirs = settings(args.set), settings(args.baseline_set)
     mode = run_info(str(args.checkpoint)).get("prefix_attention", "causal")
     model, tok = load_drafter(str(args.checkpoint), dtype=args.dtype, device="cpu")
     prompts, bench = task_prompts(args.task, tok, args.split, None, args.limit, model_path=str(args.checkpoint))
     n_new, eos = bench.template.max_new_tokens, tok.eos_token_id
     d_max = model.mutor_config.d_max
-    choosers = {"K=1": DraftLength(d_max, fixed=1), "auto": DraftLength(d_max, **mine),
-                "auto (baseline)": Baseline(d_max, **theirs)}
+    choosers = {"K=1": FixedDraft(1), "auto": DraftPolicy(d_max, DraftSettings(**mine)),
+                "auto (baseline)": baseline.DraftPolicy(d_max, baseline.DraftSettings(**theirs))}
     per_prompt = {name: [] for name in choosers}                    # seconds per prompt, for paired intervals
     stats = {name: DraftStats() for name in choosers}
     names, orders = list(choosers), williams_orders(len(choosers))
@@ -94,7 +90,7 @@ def main(argv=None) -> int:
                      **{k: v for k, v in stats[name].to_dict().items() if k in ("rounds", "acceptance")},
                      "speed_vs_K1_ci95": bootstrap_ratio(per_prompt["K=1"], per_prompt[name]),
                      "per_prompt_seconds": [round(t, 4) for t in per_prompt[name]],
-                     **({} if choosers[name].fixed else {"state": choosers[name].state()})}
+                     **({} if isinstance(choosers[name], FixedDraft) else {"state": choosers[name].state()})}
               for name in names},
            "auto_vs_baseline": {"speed": round(secs["auto (baseline)"] / secs["auto"], 3),
                                 "ci95": bootstrap_ratio(per_prompt["auto (baseline)"], per_prompt["auto"])}}

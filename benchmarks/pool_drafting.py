@@ -4,7 +4,7 @@
 same checkpoint can read 2-4 % apart, more than what separates `auto` from greedy where registers do not pay.
 This pools several passes (their ``per_prompt_seconds``, same prompts in the same
 order): per decoder, greedy's seconds over its seconds, summed over every pass, with a 95 % bootstrap interval
-(``benchmarks/timing.py``) that resamples the prompts, each with all its passes (a prompt's passes are not
+(``mutor.eval.timing``) that resamples the prompts, each with all its passes (a prompt's passes are not
 independent draws)::
 
     python -m benchmarks.pool_drafting PASS1.json PASS2.json PASS3.json     # drafting.py --output, one checkpoint
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.timing import bootstrap_ratio
+from mutor.eval.timing import bootstrap_ratio
 
 
 def pool(rows: list[dict], draws: int = 2000, seed: int = 0) -> dict:

@@ -10,7 +10,7 @@ AdamW step, ``zero_grad``. Precisions:
 
 * ``fp32``: float32 weights and compute;
 * ``bf16``: bf16 base weights (LoRA adapters and the method's own parameters stay float32:
-  peft's ``autocast_adapter_dtype`` and :func:`mutor.methods.wrapper.master_dtype`);
+  peft's ``autocast_adapter_dtype`` and :func:`mutor.methods.base.master_dtype`);
 * ``autocast``: float32 weights, computed under ``torch.autocast(bfloat16)`` (what ``training.bf16: true``
   gives through Trainer);
 * ``bf16+autocast``: bf16 base weights *and* autocast (``model.dtype: bfloat16`` with ``training.bf16:

@@ -1,11 +1,11 @@
 """``auto`` replayed on every recorded trace set, three ways: quiet, under the recorded load, under a moving load.
 
 The three replays ``tests/test_draft_replay.py`` holds ``auto`` to (at least 0.99x plain decoding each), as one
-table, so that a change to the chooser is seen on all nine sets at once before it is tried live:
+table, so that a change to the policy is seen on all nine sets at once before it is tried live:
 
-    python -m benchmarks.replay_all                       # this checkout's chooser, as the tests take it
-    python -m benchmarks.replay_all --auto probe=8        # a setting changed (DraftLength keyword arguments)
-    PYTHONPATH=/tmp/variant/src python -m benchmarks.replay_all --json variant.json   # another tree's chooser
+    python -m benchmarks.replay_all                       # this checkout's policy, as the tests take it
+    python -m benchmarks.replay_all --auto explore=0.01   # a setting changed (a DraftSettings field)
+    PYTHONPATH=/tmp/variant/src python -m benchmarks.replay_all --json variant.json   # another tree's policy
 
 Quiet: the traces' own row costs. Recorded: each forward's cost times a factor drawn from the per-forward times
 recorded beside a training run (``forward_times/wr3ep0_fp32_{quiet,beside_training}.json``), 3 draws. Moving: times
@@ -34,13 +34,13 @@ def recorded_load() -> dict[int, list[float]]:
 
 
 def replay_auto(traces: dict, kind: str, options: dict | None = None) -> dict:
-    """``compare``'s result for ``auto`` (``DraftLength`` with ``options``) on ``traces`` at their own row costs,
-    under the load ``kind`` (a key of ``LOADS``), as the suite replays it."""
-    from mutor.integrations.draft_choice import DraftLength
+    """``compare``'s result for ``auto`` (``DraftPolicy`` with the settings ``options``) on ``traces`` at their own
+    row costs, under the load ``kind`` (a key of ``LOADS``), as the suite replays it."""
+    from mutor.generation import DraftPolicy, DraftSettings
 
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     extra = dict(LOADS[kind], **({"load": recorded_load()} if kind == "recorded" else {}))
-    return compare(traces, costs, {"auto": lambda: DraftLength(traces["d_max"], **(options or {}))}, **extra)
+    return compare(traces, costs, {"auto": lambda: DraftPolicy(traces["d_max"], DraftSettings(**(options or {})))}, **extra)
 
 
 def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]:
@@ -55,7 +55,7 @@ def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--auto", action="append", default=[], metavar="NAME=VALUE",
-                    help="a DraftLength setting for auto (repeatable)")
+                    help="a DraftSettings field for auto (repeatable)")
     ap.add_argument("--loads", default=",".join(LOADS), help="which replays, comma-separated: quiet,recorded,moving")
     ap.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = ap.parse_args(argv)

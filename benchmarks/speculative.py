@@ -81,7 +81,7 @@ def _load(run: str, dtype: str, device: str = "cpu"):
 
     if (Path(run) / "tokenizer_config.json").is_file() or (Path(run) / "adapter_config.json").is_file():
         return load_drafter(run, dtype=dtype, device=device)
-    from mutor.utils.devices import resolve_dtype
+    from mutor.models.loading import resolve_dtype
 
     kw = {} if dtype == "auto" else {"dtype": resolve_dtype(dtype)}
     return MuToRModel.from_pretrained(run, **kw).to(device).eval(), None
@@ -91,8 +91,7 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
             lookup: int, dtype: str = "auto", data: str | None = None, device: str = "cpu") -> dict:
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import run_info
-    from mutor.integrations.draft_choice import DraftLength, DraftStats
-    from mutor.integrations.speculative import generate
+    from mutor.generation import DraftPolicy, DraftStats, generate
 
     model, tok = _load(run, dtype, device)
     base = model.base_model
@@ -110,7 +109,7 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
     half = next(base.parameters()).dtype in (torch.bfloat16, torch.float16)
     tokens = {m: 0 for m in methods}
     stats = {k: DraftStats() for k in drafts}
-    choosers = {k: DraftLength(model.mutor_config.d_max) for k in drafts if k == "auto"}   # one per split, as mutor eval
+    choosers = {k: DraftPolicy(model.mutor_config.d_max) for k in drafts if k == "auto"}   # one per split, as mutor eval
     kw = dict(do_sample=False, max_new_tokens=new, pad_token_id=pad, eos_token_id=eos)
     if eos is None:
         kw["min_new_tokens"] = new

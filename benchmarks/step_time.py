@@ -236,7 +236,7 @@ def _run_case(spec: dict) -> dict:
             out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
             return out.loss, out.num_registers
     elif spec["case"] == "official":
-        from benchmarks.official_style import official_step
+        from mutor.testing.official_style import official_step
 
         reg = torch.nn.Parameter(torch.randn(base.config.hidden_size) * 0.02)
         model = torch.nn.ModuleDict({"base": base})

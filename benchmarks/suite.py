@@ -15,7 +15,7 @@ measuring code: median of timed forward+backward steps after warm-up, peak memor
   a BlockMask under flex_attention; ``--loss-chunk N`` for the chunked loss, on by default with ``--gpu``);
 * ``mutor_fixed``: MuToR with a fixed number of registers per sequence (``--fixed-registers``);
 * ``multi_token``: the Multi-Token heads baseline (``d_max=2``, one extra decoder layer);
-* ``official``: the official-style reference (:mod:`benchmarks.official_style`): batch 1,
+* ``official``: the official-style reference (:mod:`mutor.testing.official_style`): batch 1,
   interleaved registers, a dense additive float mask per example (so sdpa, even in a flex
   run), full-vocabulary logits.
 

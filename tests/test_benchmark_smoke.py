@@ -1,25 +1,32 @@
-"""Smoke test of benchmarks/step_time.py at --tiny size: it runs and reports sane figures (never timings)."""
+"""Smoke test of ``python -m benchmarks.step_time`` and ``python -m benchmarks.precision`` at tiny sizes, each run
+as a user runs it: they run and report sane figures (never timings)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import step_time  # noqa: E402
 
 NUMBERS = ("token_ratio", "plain_ms", "mutor_ms", "time_ratio", "time_over_token_ratio",
            "plain_cpu_ms", "mutor_cpu_ms", "plain_saved_mb", "mutor_saved_mb")
 
 
+def _run(module: str, *argv: str) -> str:
+    """``python -m <module> <argv>`` from the repository root; its stdout (stderr shown when it fails)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, \
+        f"{module} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
 def _table_rows(text: str) -> list[list[str]]:
-    start = text.index(step_time.TABLE_HEADER)
-    lines = text[start:].splitlines()[2:]
+    lines = text[text.index("| answer length | MuToR attention | regular tokens |"):].splitlines()[2:]
     rows = []
     for line in lines:
         if not line.startswith("|"):
@@ -28,15 +35,16 @@ def _table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-def test_tiny_in_process(capsys, tmp_path):
+def test_tiny_in_process(tmp_path):
     out_json = tmp_path / "bench.json"
-    rows = step_time.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--attention", "both",
-                           "--json-out", str(out_json)])
-    text = capsys.readouterr().out
+    text = _run("benchmarks.step_time", "--tiny", "--isolation", "inprocess", "--threads", "1", "--attention", "both",
+                "--json-out", str(out_json))
+    saved = json.loads(out_json.read_text())
+    args, rows = saved["args"], saved["rows"]
 
-    lengths = [a for a in step_time.TINY_RUN["answer_lengths"] for _ in ("split", "dense")]
+    lengths = [a for a in args["answer_lengths"] for _ in ("split", "dense")]
     assert [r["answer_length"] for r in rows] == lengths
-    assert [r["attention"] for r in rows] == ["split", "dense"] * len(step_time.TINY_RUN["answer_lengths"])
+    assert [r["attention"] for r in rows] == ["split", "dense"] * len(args["answer_lengths"])
     table = _table_rows(text)
     assert [int(r[0]) for r in table] == lengths
     for cells in table:
@@ -48,7 +56,7 @@ def test_tiny_in_process(capsys, tmp_path):
         assert all(math.isfinite(v) and v >= 0 for v in values[8:10])
         assert math.isfinite(values[10]) or values[8] == 0
 
-    B, P = step_time.TINY_RUN["batch_size"], step_time.TINY_RUN["prompt_length"]
+    B, P = args["batch_size"], args["prompt_length"]
     for r in rows:
         A = r["answer_length"]
         assert r["regular_tokens"] == B * (P + A)
@@ -57,21 +65,19 @@ def test_tiny_in_process(capsys, tmp_path):
         for k in NUMBERS:
             assert math.isfinite(r[k]) and r[k] > 0, k
         assert math.isfinite(r["plain"]["loss"]) and math.isfinite(r["mutor"]["loss"])
-
-    saved = json.loads(out_json.read_text())
-    assert [r["answer_length"] for r in saved["rows"]] == lengths
     assert saved["environment"]["torch"]
 
 
-def test_worker_subprocess_case():
-    """The default isolation: one case in a fresh interpreter, figures sent back as JSON."""
-    args = step_time.parse_args(["--tiny"])
-    model = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "intermediate", "vocab", "attn", "dtype")}
-    spec = dict(case="mutor", answer_length=8, prompt_length=args.prompt_length, batch_size=args.batch_size,
-                repeats=1, warmup=0, threads=1, seed=0, d_max=4, loss_weight=0.3, model=model)
-    res = step_time.run_case_subprocess(spec)
+def test_worker_subprocess_case(tmp_path):
+    """The default isolation: each case in a fresh interpreter, its figures sent back as JSON."""
+    out_json = tmp_path / "bench.json"
+    _run("benchmarks.step_time", "--tiny", "--answer-lengths", "8", "--threads", "1", "--json-out", str(out_json))
+    saved = json.loads(out_json.read_text())
+    args, (row,) = saved["args"], saved["rows"]
+    assert args["isolation"] == "subprocess"
+    res = row["mutor"]
     assert res["case"] == "mutor" and res["threads"] == 1
-    assert res["registers"] > 0 and res["regular_tokens"] == args.batch_size * (args.prompt_length + 8)
+    assert res["registers"] > 0 and res["regular_tokens"] == args["batch_size"] * (args["prompt_length"] + 8)
     for k in ("median_ms", "cpu_median_ms", "peak_mb", "saved_mb", "loss"):
         assert math.isfinite(res[k]), k
     assert res["median_ms"] > 0 and res["peak_mb"] > 0 and res["saved_mb"] > 0
@@ -80,14 +86,12 @@ def test_worker_subprocess_case():
 def test_precision_benchmark_runs_every_case_on_a_tiny_recipe(tmp_path):
     """benchmarks/precision.py: every precision x method case trains a step and is recorded (no timing asserted);
     the first losses of one method agree across precisions to bf16 rounding."""
-    from benchmarks import precision
-
+    precisions, methods = ("fp32", "bf16", "autocast", "bf16+autocast"), ("next_token", "mutor", "multi_token")
     out = tmp_path / "p.json"
-    precision.main(["--recipe", "tiny/gsm8k", "--steps", "1", "--warmup", "0", "--threads", "1",
-                    "--json-out", str(out), "--in-process"])
+    _run("benchmarks.precision", "--recipe", "tiny/gsm8k", "--steps", "1", "--warmup", "0", "--threads", "1",
+         "--json-out", str(out), "--in-process")
     rows = json.loads(out.read_text())["rows"]
-    assert {(r["precision"], r["method"]) for r in rows} == {(p, m) for p in precision.PRECISIONS
-                                                             for m in precision.METHODS}
-    for m in precision.METHODS:
+    assert {(r["precision"], r["method"]) for r in rows} == {(p, m) for p in precisions for m in methods}
+    for m in methods:
         losses = [r["first_loss"] for r in rows if r["method"] == m]
         assert all(math.isfinite(x) for x in losses) and max(losses) - min(losses) < 0.05 * min(losses)

@@ -1,29 +1,38 @@
-"""The benchmark suite runs every case at tiny shapes (timings are never asserted)."""
+"""The benchmark suite runs every case at tiny shapes (timings are never asserted), and the official-style
+reference it times computes MuToR's loss."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
-from benchmarks import suite
-from benchmarks.official_style import interleave, official_example_loss
+from mutor.testing.official_style import interleave, official_example_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ["plain", "mutor", "mutor_fixed", "multi_token", "official"]     # the suite's cases, in its order
 
 
 def test_tiny_suite_has_every_case(tmp_path):
-    out = suite.main(["--tiny", "--isolation", "inprocess", "--threads", "1", "--repeats", "1", "--warmup", "0",
-                      "--rounds", "2", "--loss-chunk", "16",
-                      "--json-out", str(tmp_path / "s.json"), "--markdown-out", str(tmp_path / "s.md")])
-    rows = out[0]["rows"]
-    assert [r["case"] for r in rows] == list(suite.CASES)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.suite", "--tiny", "--isolation", "inprocess",
+                           "--threads", "1", "--repeats", "1", "--warmup", "0", "--rounds", "2", "--loss-chunk", "16",
+                           "--json-out", str(tmp_path / "s.json"), "--markdown-out", str(tmp_path / "s.md")],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    rows = json.loads((tmp_path / "s.json").read_text())["shapes"][0]["rows"]
+    assert [r["case"] for r in rows] == CASES
     for r in rows:
         assert r["ms"] > 0 and math.isfinite(r["loss"]) and r["token_ratio"] >= 1.0
     by = {r["case"]: r for r in rows}
     assert by["plain"]["extra_tokens"] == 0 and by["mutor"]["extra_tokens"] > by["mutor_fixed"]["extra_tokens"] > 0
     assert by["official"]["extra_tokens"] > 0 and by["multi_token"]["extra_tokens"] > 0
     assert "| official |" in (tmp_path / "s.md").read_text()
-    assert json.loads((tmp_path / "s.json").read_text())["shapes"][0]["rows"][0]["case"] == "plain"
 
 
 def test_official_style_objective_matches_mutor():

@@ -8,7 +8,7 @@ batch sizes and lengths, reuse the one graph. Equality is checked on the block s
 import pytest
 import torch
 
-from mutor.core.config import MuToRConfig
+from mutor.methods.mutor import MuToRConfig
 from mutor.core.layout import build_layout
 from mutor.core.masks import block_mask
 

@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.core.config import SIDECAR_CONFIG
-from mutor.methods.mutor import SIDECAR_WEIGHTS
+from mutor.methods.mutor import SIDECAR_CONFIG, SIDECAR_WEIGHTS
 
 
 def _trained(base, cfg=None, steps=4):

@@ -22,9 +22,10 @@ from mutor.eval.generation import greedy_generate
 from mutor.image.metrics import bits_per_token
 from mutor.image.sample import sample_codes
 from mutor.image.tokens import ImageLayout
+from mutor.models.loading import resolve_dtype
 from mutor.models.presets import tiny_causal_lm
 from mutor.testing import byte_tokenizer
-from mutor.utils.devices import model_device, resolve_device, resolve_dtype
+from mutor.utils.devices import model_device, resolve_device
 
 TASK = sg.StarGraphShape(degree=2, path_len=4, num_nodes=20)
 DIGITS = ImageLayout(codebook_size=8, num_classes=10, height=8, width=8, levels=8)
@@ -248,7 +249,7 @@ def test_decoding_passes_the_kv_cache_by_the_installed_transformers_name():
     import warnings
 
     from mutor import MuToRConfig, MuToRModel
-    from mutor.integrations.speculative import generate
+    from mutor.generation import generate
     from mutor.utils.devices import cache_argument
 
     model = _graph_model()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from families import make_model, padded_batch
 
-import mutor.integrations.speculative as spec
+import mutor.generation as spec
 import mutor.run.precision as precision
 from mutor import MuToRConfig, MuToRModel
 from mutor.data.collator import PaddingCollator

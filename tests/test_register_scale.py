@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from families import VOCAB, make_family, make_model, padded_batch
 from mutor import MuToRConfig, MuToRModel
-from mutor.core.config import SIDECAR_CONFIG
+from mutor.methods.mutor import SIDECAR_CONFIG
 
 SCALED = {"gemma": lambda: make_family("gemma"), "gemma2": lambda: make_model("gemma2", "eager"),
           "gemma3": lambda: make_model("gemma3")}

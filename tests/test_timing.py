@@ -1,11 +1,11 @@
-"""benchmarks/timing.py: the orders decoders take turns in (each after every other, in every place, equally often)
+"""mutor.eval.timing: the orders decoders take turns in (each after every other, in every place, equally often)
 and the bootstrap interval of a ratio of their seconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.timing import bootstrap_ratio, williams_orders
+from mutor.eval.timing import bootstrap_ratio, williams_orders
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 6])

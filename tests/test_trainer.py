@@ -118,7 +118,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, cfg, monkeypatch)
 
 def test_fractional_eval_steps_are_a_share_of_max_steps(tmp_path):
     """eval_steps < 1 is a fraction of max_steps, resolved as Trainer does: ceil(5 * 0.3) = every 2 steps."""
-    from mutor.integrations.trainer import eval_interval
+    from mutor.integrations.callbacks import eval_interval
 
     assert eval_interval(0.3, 5) == 2 and eval_interval(0.001, 5) == 1 and eval_interval(3, 5) == 3
     assert eval_interval(None, 5) is None and eval_interval(0, 5) is None
@@ -180,9 +180,9 @@ def test_accumulated_denominators_are_the_global_counts(tmp_path):
 def test_each_micro_batch_builds_its_layout_once(tmp_path, cfg, builds_per_micro_batch, monkeypatch):
     """The layout the trainer counts for the denominator is the one the forward trains on: built once per
     micro-batch (Multi-Token: once per head), and the forward's output is the same as with a layout of its own."""
-    import mutor.methods.multi_token as mt_module
-    import mutor.methods.mutor as mutor_module
-    from mutor.methods.wrapper import COUNTED_LAYOUT
+    import mutor.methods.multi_token.model as mt_module
+    import mutor.methods.mutor.model as mutor_module
+    from mutor.methods.base import COUNTED_LAYOUT
 
     module, name = (mt_module, "offset_target_layout") if isinstance(cfg, MultiTokenConfig) else (mutor_module,
                                                                                                  "build_layout")
@@ -195,10 +195,10 @@ def test_each_micro_batch_builds_its_layout_once(tmp_path, cfg, builds_per_micro
                  train_dataset=_examples(), data_collator=_WithOffsets()).train()
     assert len(calls) == 2 * 2 * builds_per_micro_batch                   # 2 steps x 2 micro-batches
     batch = _WithOffsets()(_examples()[:4])
-    model.count_reg_targets(batch)
-    assert COUNTED_LAYOUT in batch
+    counted = model.count_reg_targets(batch)
+    assert COUNTED_LAYOUT in counted.forward_inputs and COUNTED_LAYOUT not in batch     # returned, batch unchanged
     with torch.no_grad():
-        handed, own = model(**batch), model(**{k: v for k, v in batch.items() if k != COUNTED_LAYOUT})
+        handed, own = model(**batch, **counted.forward_inputs), model(**batch)
     assert torch.equal(handed.loss, own.loss) and handed.num_registers == own.num_registers
 
 
@@ -370,7 +370,7 @@ def test_next_token_baseline_is_honest(tmp_path):
     assert isinstance(model, NextTokenModel) and model.num_added_parameters() == 0
     batch = PaddingCollator()([{k: v for k, v in ex.items() if k != "offset_index"} for ex in _examples(4)])
     before = torch.random.get_rng_state()
-    assert model.count_reg_targets(dict(batch)) == 0
+    assert model.count_reg_targets(dict(batch)).count == 0
     out = model(**batch)
     assert torch.equal(before, torch.random.get_rng_state())
     assert out.num_registers == 0 and out.reg_count_per_offset.numel() == 0

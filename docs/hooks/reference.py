@@ -2,7 +2,7 @@
 
 A page asks for a table with a one-line HTML comment; the hook replaces it before the page is rendered:
 
-* ``<!-- mutor:fields mutor.core.config.MuToRConfig -->``: a dataclass's fields (key, type, default and the
+* ``<!-- mutor:fields mutor.methods.mutor.MuToRConfig -->``: a dataclass's fields (key, type, default and the
   ``metadata["help"]`` text), for MuToRConfig, MultiTokenConfig, NextTokenConfig and a recipe's blocks.
 * ``<!-- mutor:presets -->``: the random-init model shapes a recipe's ``model.preset`` names.
 * ``<!-- mutor:families -->``: the model families the equivalence tests build (``tests/families.py``) and the

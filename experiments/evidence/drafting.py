@@ -2,10 +2,10 @@
 
 One process, one thread setting, the same test prompts for every decoder, each at batch size 1:
 plain greedy decoding (``mutor.eval.generation.greedy_generate``, the model's KV cache), and through
-``mutor.integrations.speculative.generate`` K = 1 (plain decoding on the drafting code path: its own
+``mutor.generate`` K = 1 (plain decoding on the drafting code path: its own
 overhead), register drafting with K = 2 .. d_max, and the draft length chosen per step (``"auto"``). The
 decoders take turns on each prompt, so that a change in the machine's load (other runs beside this one) slows
-them alike, in the orders of a Williams design (``benchmarks/timing.py``), one per prompt in turn, so that each
+them alike, in the orders of a Williams design (:mod:`mutor.eval.timing`), one per prompt in turn, so that each
 decoder follows every other equally often (a rotation made one decoder always follow the same one, whose
 leftovers, a cache or freed memory, it then always met). A LoRA checkpoint is merged into its
 base once, for all of them. Every decoder's tokens are compared with greedy's: drafting is lossless, so in
@@ -33,16 +33,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # the repository's benchmarks package
-from benchmarks.timing import bootstrap_ratio, williams_orders  # noqa: E402
+from mutor.eval.timing import bootstrap_ratio, williams_orders
 
 
 def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list | None = None,
             max_new_tokens: int | None = None, data: str | None = None, split: str = "test") -> dict:
     from mutor.eval.generation import greedy_generate
     from mutor.eval.harness import load_drafter, run_info, task_prompts
-    from mutor.integrations.draft_choice import DraftLength, DraftStats
-    from mutor.integrations.speculative import generate
+    from mutor.generation import DraftPolicy, DraftStats, generate
 
     mode = run_info(str(ckpt)).get("prefix_attention", "causal")
     if task == "run":                                  # a synthetic task from the run's recipe: star graphs
@@ -66,7 +64,7 @@ def measure(ckpt: Path, task: str, limit: int, dtype: str = "float32", ks: list 
     choosers = {}                                                     # auto's, whose end state the row keeps
 
     def drafter(k):
-        drafts = choosers[k] = DraftLength(d_max) if k == "auto" else k   # one chooser for all prompts, as mutor eval
+        drafts = choosers[k] = DraftPolicy(d_max) if k == "auto" else k   # one policy for all prompts, as mutor eval
 
         def draft(p):
             out, st = generate(model, torch.tensor([p]), n_new, drafts, eos_token_id=[] if eos is None else eos,
@@ -159,7 +157,7 @@ def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):
     from mutor.eval.harness import load_drafter
     from mutor.methods.mutor import MuToRModel
     from mutor.run.recipe import load_recipe
-    from mutor.utils.devices import resolve_dtype
+    from mutor.models.loading import resolve_dtype
 
     path = next((d / "recipe.yaml" for d in (ckpt, ckpt.parent) if (d / "recipe.yaml").is_file()), None)
     if path is None:

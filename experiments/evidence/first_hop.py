@@ -33,10 +33,10 @@ import torch
 def teacher_forced(model, prompt: list[int], answer: list[int]) -> tuple[list[int], dict[int, list]]:
     """``(ntp, reg)``: ``ntp[j]`` the next-token head's prediction of ``answer[j]`` and ``reg[d][i]`` the prediction
     of ``answer[i]`` by the register ``d`` tokens back (None where that is before the answer), from one forward
-    (:func:`mutor.integrations.speculative.teacher_forced_drafts`)."""
-    from mutor.integrations.speculative import teacher_forced_drafts
+    (:func:`mutor.generation.forward.teacher_forced_drafts`)."""
+    from mutor.generation.forward import teacher_forced_drafts
 
-    ntp, drafts = teacher_forced_drafts(model, prompt, answer)              # drafts[j][d-2] predicts answer[j+d-1]
+    ntp, drafts = teacher_forced_drafts(model, prompt, answer, model.mutor_config.d_max - 1)  # drafts[j][d-2]: answer[j+d-1]
     offsets = range(2, model.mutor_config.d_max + 1)
     return ntp, {d: [drafts[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
 

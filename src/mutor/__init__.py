@@ -3,17 +3,16 @@
 The public API. The trainers are imported on first use (``MuToRSFTTrainer`` needs the ``trl`` extra).
 """
 
-from .core.config import MuToRConfig
 from .core.layout import RegisterLayout, build_layout
-from .integrations.draft_choice import DraftStats
-from .integrations.speculative import generate
+from .generation.drafter import RegisterDrafter, generate
+from .generation.stats import DraftStats
 from .methods.multi_token import MultiTokenConfig, MultiTokenModel
-from .methods.mutor import MuToRModel, MuToROutput
+from .methods.mutor import MuToRConfig, MuToRModel, MuToROutput
 from .methods.next_token import NextTokenConfig, NextTokenModel
 
 __all__ = ["DraftStats", "MuToRConfig", "MuToRModel", "MuToROutput", "MuToRSFTTrainer", "MuToRTrainer",
-           "MultiTokenConfig", "MultiTokenModel", "NextTokenConfig", "NextTokenModel", "RegisterLayout",
-           "build_layout", "generate"]
+           "MultiTokenConfig", "MultiTokenModel", "NextTokenConfig", "NextTokenModel", "RegisterDrafter",
+           "RegisterLayout", "build_layout", "generate"]
 __version__ = "0.1.0"
 
 _LAZY = {"MuToRTrainer": "mutor.integrations.trainer", "MuToRSFTTrainer": "mutor.integrations.trl"}

@@ -4,14 +4,14 @@ import json, sys, argparse
 import torch
 sys.path.insert(0, "/work/main")
 from benchmarks.draft_replay import _load
-from mutor.integrations.draft_choice import DraftLength
-from mutor.integrations.speculative import generate
+from mutor.generation import DraftPolicy, FixedDraft, generate
 
-class Rec(DraftLength):
-    def __init__(self, *a, log=None, **kw):
-        super().__init__(*a, **kw); self.log = log
-    def record(self, rows, seconds):
-        self.log.append((rows, seconds)); super().record(rows, seconds)
+def logged(policy, log):
+    told = policy.record
+    def record(rows, seconds, prompt=False):
+        log.append((rows, seconds)); told(rows, seconds, prompt)
+    policy.record = record
+    return policy
 
 ap = argparse.ArgumentParser(); ap.add_argument("checkpoint"); ap.add_argument("--dtype"); ap.add_argument("--out")
 ap.add_argument("--task", default="reasoning_gym"); ap.add_argument("--limit", type=int, default=50)
@@ -20,7 +20,8 @@ ns = argparse.Namespace(checkpoint=a.checkpoint, dtype=a.dtype, task=a.task, spl
 with torch.no_grad():
     model, tok, prompts, n_new, mode = _load(ns)
     logs = {"K=4": [], "auto": [], "K=1": []}
-    ch = {"K=4": Rec(4, fixed=4, log=logs["K=4"]), "auto": Rec(4, log=logs["auto"]), "K=1": Rec(4, fixed=1, log=logs["K=1"])}
+    ch = {"K=4": logged(FixedDraft(4), logs["K=4"]), "auto": logged(DraftPolicy(4), logs["auto"]),
+          "K=1": logged(FixedDraft(1), logs["K=1"])}
     names = list(ch)
     for i, p in enumerate(prompts):
         for n in names[i % 3:] + names[:i % 3]:

@@ -45,13 +45,33 @@ position it borrows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
-from .config import MuToRConfig
-
 IGNORE_INDEX = -100
+
+
+class OffsetConfig(Protocol):
+    """What the layout reads of the objective's settings: :class:`~mutor.MuToRConfig` has all of it (the
+    layout takes any object that does, so this engine does not import the method that configures it)."""
+
+    loss_weight: float
+    num_registers: Optional[int]
+    register_placement: str
+    prefix_attention: str
+    grid_width: Optional[int]
+    grid_start: int
+
+    @property
+    def is_2d(self) -> bool:
+        """Whether offsets are 2D ``(d_h, d_w)`` pairs over an image grid."""
+
+    def offset_choices(self) -> list[tuple[int, ...]]:
+        """The offsets drawn uniformly: ``(d,)`` in 1D, ``(d_h, d_w)`` in 2D."""
+
+    def raster_offset(self, choice: tuple[int, ...]) -> int:
+        """The sequence offset d of one choice."""
 
 
 @dataclass
@@ -130,14 +150,14 @@ def _document_starts(position_ids: torch.Tensor, attention_mask: torch.Tensor) -
     return start
 
 
-def sample_offsets(config: MuToRConfig, batch_size: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_offsets(config: OffsetConfig, batch_size: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """(B,) indices into ``config.offset_choices()``, uniform, on the CPU."""
     return torch.randint(len(config.offset_choices()), (batch_size,), generator=generator)
 
 
 def build_layout(
     labels: torch.Tensor,
-    config: MuToRConfig,
+    config: OffsetConfig,
     attention_mask: Optional[torch.Tensor] = None,
     position_ids: Optional[torch.Tensor] = None,
     offset_index: Optional[torch.Tensor] = None,
@@ -272,7 +292,7 @@ def _regular_limits(
 
 
 def _row_offsets(
-    config: MuToRConfig, B: int, dev: torch.device, offset_index: Optional[torch.Tensor],
+    config: OffsetConfig, B: int, dev: torch.device, offset_index: Optional[torch.Tensor],
     generator: Optional[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(offset_index, d)``, both (B,): each row's offset choice (sampled when not given) and its
@@ -295,7 +315,7 @@ def _target_in_document(s: "_RegularStream", d: torch.Tensor) -> torch.Tensor:
     return (tgt < T) & s.supervised.gather(1, tgt_c) & (s.doc.gather(1, tgt_c) == s.doc) & s.am
 
 
-def _eligible_sources(config: MuToRConfig, s: "_RegularStream", offset_index: torch.Tensor,
+def _eligible_sources(config: OffsetConfig, s: "_RegularStream", offset_index: torch.Tensor,
                       d: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: regular token x_t may carry a register (the eligibility rule of the module docstring)."""
     eligible = _target_in_document(s, d)

@@ -141,7 +141,7 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias:
 
 def head_cross_entropy(model, hidden: torch.Tensor, targets: torch.Tensor, row_weight: torch.Tensor, chunk: int):
     """:func:`fused_linear_cross_entropy` through ``model``'s own output layer (and final soft-capping);
-    ``row_weight`` (N,) is each row's weight in the objective (:func:`mutor.methods.wrapper.row_weights`)."""
+    ``row_weight`` (N,) is each row's weight in the objective (:func:`mutor.methods.objective.row_weights`)."""
     head = model.get_output_embeddings()
     cap = getattr(model.config, "final_logit_softcapping", None)
     return fused_linear_cross_entropy(hidden, head.weight, head.bias, targets, row_weight, cap, chunk)

@@ -1,6 +1,6 @@
 """Path-star graphs as text for a pretrained model's own tokenizer (``star_graph`` with ``render: text``).
 
-The graphs, splits and metrics are those of :mod:`mutor.data.star_graph`; only the rendering differs. The
+The graphs, splits and metrics are those of :mod:`mutor.data.star_graph_problems`; only the rendering differs. The
 prompt is Bachmann & Nagarajan's line format, the completion the path, then eos::
 
     prompt      "12,40|7,31|40,3|31,9|...|9,22/12,22="
@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..core.layout import IGNORE_INDEX
-from .star_graph import Example, path_scores
+from .star_graph_problems import Example, path_scores
 
 
 def render(ex: Example) -> tuple[str, str]:

@@ -175,7 +175,8 @@ def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[st
     import datasets
     import huggingface_hub
 
-    from ..utils.errors import HUB_PROBE_TIMEOUT_S, MutorUserError, is_offline
+    from ..utils.errors import MutorUserError
+    from ..utils.hub import HUB_PROBE_TIMEOUT_S, is_offline
 
     if is_offline():
         return datasets.load_dataset(hub_id, hub_config, split=split)

@@ -37,8 +37,8 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
     one; see :mod:`mutor.utils.devices`), and its tokenizer with a pad token."""
     from transformers import AutoTokenizer
 
-    from ..utils.devices import load_causal_lm, resolve_device, resolve_dtype
-    from ..utils.errors import from_pretrained, load_peft_model
+    from ..models.loading import from_pretrained, load_causal_lm, load_peft_model, resolve_dtype
+    from ..utils.devices import resolve_device
 
     p = Path(path)
     if (p / "adapter_config.json").is_file():     # on its recorded base (a LoRA run's saved random init too)
@@ -53,7 +53,7 @@ def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: 
 
 
 def load_drafter(path: str, tokenizer: Optional[str] = None, dtype: str = "auto", device: Optional[str] = None):
-    """A MuToR checkpoint whose registers draft (``mutor.integrations.speculative``): its model (a LoRA adapter
+    """A MuToR checkpoint whose registers draft (:mod:`mutor.generation`): its model (a LoRA adapter
     merged, :func:`load_model_and_tokenizer`) wrapped with its sidecar, in eval mode, and its tokenizer."""
     from ..methods.mutor import MuToRModel
 
@@ -123,9 +123,9 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
 
     The model is loaded in ``dtype`` on ``device`` (default: a GPU when there is one) unless
     ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K or ``"auto"``: decode one example at a
-    time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed) (:mod:`mutor.integrations.speculative`; the same tokens as greedy
-    decoding), and record the drafting statistics in the summary. ``decode(prompt_ids, max_new_tokens, eos_id)``
-    replaces batched greedy decoding. ``scorer`` (``module:function``, :func:`~mutor.eval.benchmarks.load_scorer`)
+    time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed;
+    :mod:`mutor.generation`, the same tokens as greedy decoding), and record the drafting statistics in the
+    summary. ``decode(prompt_ids, max_new_tokens, eos_id)`` replaces batched greedy decoding. ``scorer`` (``module:function``, :func:`~mutor.eval.benchmarks.load_scorer`)
     replaces the benchmark's metric; ``data_label`` is how errors name ``data`` (``--data``, ``--val-data``).
 
     Own-data tasks (``prompt_completion``, ``chat``) render prompts with the run's own templates, read from the
@@ -219,14 +219,13 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
 
     import torch
 
-    from ..integrations.draft_choice import DraftLength, DraftStats
-    from ..integrations.speculative import generate
+    from ..generation import DraftPolicy, DraftStats, generate
 
     drafter, tok = load_drafter(model_path, tokenizer, dtype=dtype, device=device)
     mode = prefix_attention or run_info(model_path).get("prefix_attention", "causal")
     total, seconds = DraftStats(), 0.0
     # one chooser for the whole split: what it learns about acceptance and cost carries over between prompts
-    drafts = DraftLength(drafter.mutor_config.d_max) if K == "auto" else K
+    drafts = DraftPolicy(drafter.mutor_config.d_max) if K == "auto" else K
 
     def decode(prompts: list[list[int]], n_new: int, eos_id: Optional[int]) -> list[list[int]]:
         nonlocal seconds
@@ -356,7 +355,8 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     data.pop("packing", None)
     data.pop("truncate_to_model", None)            # run options, not the task's
     from ..data.templates import TEMPLATES
-    from ..utils.errors import MutorUserError, from_pretrained
+    from ..models.loading import from_pretrained
+    from ..utils.errors import MutorUserError
 
     if name in TEMPLATES or name in BENCHMARKS or name in ("text", "prompt_completion"):
         use = f"--task {name}" if name in BENCHMARKS else f"--task with one of {sorted(BENCHMARKS)}"
@@ -373,7 +373,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     if source is not None:                 # test graphs from an independent generator, same evaluator
         training_data = _with_source(training_data, name, source, {**data, **(overrides or {})})
     from ..image.rotary2d import apply_saved_rotary_2d
-    from ..utils.devices import load_causal_lm
+    from ..models.loading import load_causal_lm
 
     model = from_pretrained(lambda name, **kw: load_causal_lm(name, device, dtype), str(p), "--model")
     apply_saved_rotary_2d(model, p)

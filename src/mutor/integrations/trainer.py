@@ -40,26 +40,23 @@ Where transformers has no public hook, a private one is overridden or read, each
 from __future__ import annotations
 
 import json
-import math
 import os
-import shutil
-import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import Trainer
 
 from ..core.layout import IGNORE_INDEX
-from ..methods.wrapper import TrainingWrapper
-from .clipping import GRAD_CLIP_MODES, check_grad_clip, clip_group
+from ..methods.base import TrainingWrapper
+from ..methods.checkpoint import save_wrapper_into
+from .callbacks import TRAIN_LOSS_FILE, LogLastStep, LossSumInCheckpoint, TaskEvalCallback
+from .clipping import check_grad_clip, clip_group
+from .training_args import MuToRArguments, MuToRTrainingArguments, mutor_option
 
 __all__ = ["MuToRTrainer", "MuToRArguments", "MuToRTrainingArguments", "PRIVATE_TRAINER_NAMES"]
 
-TRAIN_LOSS_FILE = "mutor_train_loss.json"
 REGISTERS_IN_BATCH = "num_registers_in_batch"   # the accumulated batch's register count, in each micro-batch
 STEP_BATCHES = "mutor_step_batches"             # in a step's first micro-batch: all of the step's micro-batches
 
@@ -68,115 +65,6 @@ PRIVATE_TRAINER_NAMES = ("_clip_grad_norm", "_get_grad_norm", "_save", "_load_fr
                          "_total_loss_scalar", "_tr_loss")
 
 
-@dataclass
-class MuToRArguments:
-    """mutor's training options, mixed into Trainer's (:class:`MuToRTrainingArguments`) or TRL's
-    (:class:`~mutor.integrations.trl.MuToRSFTConfig`) arguments. Each field's ``help`` says what it takes.
-
-    Raises:
-        ValueError: An unknown ``grad_clip``, or a negative ``task_eval_steps``.
-    """
-
-    grad_clip: str = field(
-        default=GRAD_CLIP_MODES[0],
-        metadata={"help": "separate | joint: how max_grad_norm treats the method's own parameters (register "
-                          "vector, Multi-Token heads). separate: they and the model are clipped each on its own, so "
-                          "the model's update is clipped exactly as without them; joint: Trainer's clipping of all "
-                          "parameters together (the paper's official code). mutor.integrations.clipping"})
-    task_eval_steps: Optional[float] = field(
-        default=None,
-        metadata={"help": "How often the task's own evaluator runs (the star-graph solve rate, the digits' "
-                          "samples), in steps, or a fraction of max_steps when below 1; 0: only at step 0 and at "
-                          "the end, where it always runs. None: eval_steps."})
-
-    def __post_init__(self) -> None:
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:
-            parent()                                     # TrainingArguments' (or SFTConfig's) own checks first
-        check_grad_clip(self.grad_clip)
-        if self.task_eval_steps is not None and not self.task_eval_steps >= 0:
-            raise ValueError(f"task_eval_steps must be >= 0 or None (got {self.task_eval_steps!r})")
-
-
-@dataclass
-class MuToRTrainingArguments(MuToRArguments, TrainingArguments):
-    """``transformers.TrainingArguments`` with mutor's options (:class:`MuToRArguments`): what
-    :class:`MuToRTrainer` takes as ``args``, and what a recipe's ``training`` block is read into. A plain
-    ``TrainingArguments`` works too, with mutor's defaults."""
-
-
-_DEFAULTS = {f.name: f.default for f in fields(MuToRArguments)}
-
-
-def mutor_option(args, name: str):
-    """A :class:`MuToRArguments` field of ``args``, or its default for a plain ``TrainingArguments`` / ``SFTConfig``."""
-    return getattr(args, name, _DEFAULTS[name])
-
-
-def eval_interval(eval_steps, max_steps: int) -> Optional[int]:
-    """``eval_steps`` in steps, resolved as Trainer resolves it: a value below 1 is a fraction of ``max_steps``
-    (``ceil(max_steps * eval_steps)``); None or 0 means no periodic evaluation."""
-    if not eval_steps:
-        return None
-    if eval_steps < 1:
-        return max(1, math.ceil(max_steps * eval_steps))
-    return int(eval_steps)
-
-
-# ----------------------------------------------------------------- callbacks
-class _TaskEvalCallback(TrainerCallback):
-    """Run the task's evaluator at step 0, every ``task_eval_steps`` (else ``eval_steps``) and at the end."""
-
-    def __init__(self, trainer: "MuToRTrainer"):
-        self.trainer = trainer
-
-    def _run(self, state, control) -> None:
-        t = self.trainer
-        done = {h["eval_step"] for h in state.log_history if "eval_step" in h}
-        if state.global_step in done:
-            return
-        metrics = t.run_task_evaluator(state.global_step)
-        if metrics:
-            due = control.should_log            # Trainer.log() clears it; the step's training log must still happen
-            t.log({"eval_step": state.global_step, **{f"eval_{k}": v for k, v in metrics.items()}})
-            control.should_log = due
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._run(state, control)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        steps = mutor_option(args, "task_eval_steps")
-        every = eval_interval(args.eval_steps if steps is None else steps, state.max_steps)
-        if (every and state.global_step % every == 0) or state.global_step >= state.max_steps:
-            self._run(state, control)
-
-
-class _LogLastStep(TrainerCallback):
-    """Log at the last step too, so a run shorter than ``logging_steps`` records its training loss."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps and args.logging_strategy != "no":
-            control.should_log = True
-
-
-class _LossSumInCheckpoint(TrainerCallback):
-    """Write the run's training-loss sum so far (what Trainer's ``train_loss`` sums) into each checkpoint."""
-
-    def __init__(self, trainer: "MuToRTrainer"):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if args.should_save and folder.is_dir():
-            t = self.trainer
-            # private: Trainer keeps the sum of the logged windows and the window since in these two, with no
-            # public accessor (its train_loss exists only once train() returns)
-            loss_sum = t._total_loss_scalar + float(t._tr_loss.item())
-            (folder / TRAIN_LOSS_FILE).write_text(json.dumps({"global_step": state.global_step,
-                                                              "loss_sum": loss_sum}) + "\n")
-
-
-# ------------------------------------------------------------------- trainer
 class MuToRTrainer(Trainer):
     """``transformers.Trainer`` for :class:`~mutor.MuToRModel`, the Multi-Token baseline, or any plain causal LM.
 
@@ -208,9 +96,9 @@ class MuToRTrainer(Trainer):
         # the forward's loss sums: the logging window's ("train"), the running evaluation's ("eval")
         self._sums: dict[str, dict] = {"train": defaultdict(float), "eval": defaultdict(float)}
         if task_evaluator is not None:
-            self.add_callback(_TaskEvalCallback(self))
-        self.add_callback(_LogLastStep())
-        self.add_callback(_LossSumInCheckpoint(self))
+            self.add_callback(TaskEvalCallback(self))
+        self.add_callback(LogLastStep())
+        self.add_callback(LossSumInCheckpoint(self))
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -283,7 +171,7 @@ class MuToRTrainer(Trainer):
 
     def _token_weighted_eval_losses(self, output, s: dict, a: float, metric_key_prefix: str):
         """``output`` with ``{prefix}_ntp_loss``, ``{prefix}_reg_loss`` and ``{prefix}_loss`` from the evaluation's
-        sums ``s`` (every process's share added up), each divided as :func:`~mutor.methods.wrapper.objective_output`
+        sums ``s`` (every process's share added up), each divided as :func:`~mutor.methods.objective.objective_output`
         divides a training batch's: by the supervised tokens, and by the registers (a register term of 0 when the
         set has none). Without any supervised token, Trainer's own ``eval_loss`` is left as it is."""
         sums = torch.tensor([s["ntp_sum"], s["ntp_n"], s["reg_sum"], s["reg_n"]], dtype=torch.float64,
@@ -389,7 +277,10 @@ class MuToRTrainer(Trainer):
         w = self.training_wrapper()
         for b in batch_samples:
             b.pop(STEP_BATCHES, None)
-        n = torch.tensor(sum(w.count_reg_targets(b) for b in batch_samples), device=self.args.device)
+        counts = [w.count_reg_targets(b) for b in batch_samples]
+        for b, c in zip(batch_samples, counts):
+            b.update(c.forward_inputs)           # the offsets and layout counted: the forward trains on them
+        n = torch.tensor(sum(c.count for c in counts), device=self.args.device)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             n = self.accelerator.gather(n).sum()
         for b in batch_samples:
@@ -545,25 +436,3 @@ class MuToRTrainer(Trainer):
             return super()._load_best_model()
         if self.state.best_model_checkpoint:
             self._load_from_checkpoint(self.state.best_model_checkpoint)
-
-
-def save_wrapper_into(wrapper: torch.nn.Module, output_dir: str, state_dict: Optional[dict] = None) -> None:
-    """``wrapper.save_pretrained`` into an existing directory without disturbing what else is there.
-
-    The wrapper writes a complete checkpoint into a temporary sibling; each file is then renamed
-    into ``output_dir`` (one atomic rename per file), so a checkpoint directory that Trainer also
-    fills (optimizer, RNG state, trainer_state.json) or a run directory with logs is never replaced.
-    """
-    dest = Path(output_dir)
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.save-", dir=dest.parent))
-    try:
-        kwargs = {} if state_dict is None else {"state_dict": state_dict}
-        wrapper.save_pretrained(tmp / "m", **kwargs)
-        for f in sorted((tmp / "m").rglob("*")):
-            if f.is_file():
-                target = dest / f.relative_to(tmp / "m")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(f, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

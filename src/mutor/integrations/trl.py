@@ -56,11 +56,12 @@ except ImportError as e:     # pragma: no cover - exercised only without the ext
     raise ImportError("mutor.integrations.trl needs TRL: pip install -e '.[trl]' in the mutor checkout "
                       "(trl>=1.16)") from e
 
-from ..core.config import MuToRConfig
+from ..methods.base import TrainingWrapper
 from ..methods.multi_token import MultiTokenConfig
+from ..methods.mutor import MuToRConfig
 from ..methods.registry import method_of_config
-from ..methods.wrapper import TrainingWrapper
-from .trainer import MuToRArguments, MuToRTrainer
+from .trainer import MuToRTrainer
+from .training_args import MuToRArguments
 
 __all__ = ["MuToRSFTTrainer", "MuToRSFTConfig", "MuToRConfig", "MultiTokenConfig"]   # one import line for a script
 
@@ -76,7 +77,7 @@ PRIVATE_SFT_TRAINER_NAMES = ("_metrics", "_total_train_tokens", "_tp_size", "_pr
 
 @dataclass
 class MuToRSFTConfig(MuToRArguments, SFTConfig):
-    """``trl.SFTConfig`` with mutor's training options (:class:`~mutor.integrations.trainer.MuToRArguments`:
+    """``trl.SFTConfig`` with mutor's training options (:class:`~mutor.integrations.training_args.MuToRArguments`:
     ``grad_clip``, ``task_eval_steps``), for :class:`MuToRSFTTrainer`."""
 
 

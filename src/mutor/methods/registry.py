@@ -1,10 +1,12 @@
-"""The methods mutor trains, by name: the one place that says which wrapper, config and sidecar files each has.
+"""The methods mutor trains, by name: the one table that says which wrapper, config and sidecar files each has.
 
 ``mutor train`` (building the model a recipe names), ``MuToRSFTTrainer`` (wrapping the model SFTTrainer
 built) and the evaluation harness (reading back how a run was trained) look a method up here instead of
-naming the three methods themselves. A fourth method is a module in this folder: its config dataclass
-(a :class:`~mutor.core.config.JsonConfig` with ``prefix_attention``), its :class:`TrainingWrapper`
-subclass (which names its sidecar files) and one :func:`register_method` call below.
+naming the three methods themselves. Each method is a folder beside this module, as peft's
+``tuners/<method>/``: its config dataclass (``config.py``, a :class:`~mutor.core.config.JsonConfig` with
+``prefix_attention``), its :class:`~mutor.methods.base.TrainingWrapper` subclass (``model.py``, which names
+its sidecar files), and an ``__init__.py`` that calls :func:`register_method`; :mod:`mutor.methods` imports
+the folders, so every lookup here finds them. A method defined elsewhere registers itself the same way.
 
 What is unusual: a method's recipe options live in a recipe block named after the method (``mutor:``,
 ``multi_token:``); the next-token baseline has none. ``prefix_attention`` is a run-wide recipe setting
@@ -20,10 +22,7 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..utils.errors import did_you_mean
-from .multi_token import MultiTokenModel
-from .mutor import MuToRModel
-from .next_token import NextTokenModel
-from .wrapper import TrainingWrapper
+from .base import TrainingWrapper
 
 __all__ = ["Method", "METHODS", "get_method", "method_names", "method_of_config", "method_of_run",
            "register_method"]
@@ -66,6 +65,17 @@ METHODS: dict[str, Method] = {}
 
 
 def register_method(method: Method) -> Method:
+    """Add ``method`` to the table under its name (a method's package calls this when imported).
+
+    Args:
+        method: The method: name, wrapper class, recipe block and a one-line description.
+
+    Returns:
+        ``method``.
+
+    Raises:
+        ValueError: A method of that name is already registered.
+    """
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is already registered")
     METHODS[method.name] = method
@@ -97,11 +107,3 @@ def method_of_run(directory: Union[str, Path]) -> Optional[Method]:
     """The method whose sidecar config file a checkpoint directory holds (None: a plain model)."""
     d = Path(directory)
     return next((m for m in METHODS.values() if (d / m.wrapper_class.config_file).is_file()), None)
-
-
-register_method(Method("next_token", NextTokenModel, None,
-                       "The next-token objective alone: the baseline (the plain model when nothing else is needed)."))
-register_method(Method("mutor", MuToRModel, "mutor",
-                       "MuToR: (1-a)*L_ntp + a*L_reg with register tokens (the paper)."))
-register_method(Method("multi_token", MultiTokenModel, "multi_token",
-                       "The Multi-Token baseline (Gloeckle et al.): extra heads for x_{t+2}..x_{t+d_max}."))

@@ -215,7 +215,7 @@ def _convert(src_dir: str, gguf_file: str, out: Path, source: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..utils.errors import from_pretrained
+    from .loading import from_pretrained
 
     tok = from_pretrained(AutoTokenizer.from_pretrained, src_dir, "model.gguf_file's tokenizer", is_model=False,
                           gguf_file=gguf_file)
@@ -258,7 +258,7 @@ def converted_model_dir(path_or_package: str, gguf_file: Optional[str] = None, q
         if path is None:                                   # a Hub repository: fetch the one file
             from huggingface_hub import hf_hub_download
 
-            from ..utils.errors import from_pretrained
+            from .loading import from_pretrained
 
             path = Path(from_pretrained(lambda n, **kw: hf_hub_download(n, gguf_file, **kw), name, "model.gguf_file"))
             src_dir = str(path.parent)

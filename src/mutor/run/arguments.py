@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from ..utils.devices import TORCH_DTYPES
+from ..models.loading import TORCH_DTYPES
 from ..utils.errors import MutorUserError, did_you_mean
 
 __all__ = ["ModelArgs", "DataArguments", "RecipeKeyError", "parse_block", "check_keys", "build_dataclass"]

@@ -15,10 +15,11 @@ from typing import Optional
 
 import torch
 
-from ..core.config import MuToRConfig
 from ..data.registry import TrainingData
-from ..utils.devices import TORCH_DTYPES
-from ..utils.errors import MutorUserError, from_pretrained, peft_quietly
+from ..methods.mutor import MuToRConfig
+from ..models.loading import TORCH_DTYPES, from_pretrained, load_pretrained
+from ..models.peft_utils import peft_quietly
+from ..utils.errors import MutorUserError
 from .arguments import ModelArgs, build_dataclass
 
 __all__ = ["build_tokenizer", "build_base_model", "apply_lora", "training_arguments",
@@ -36,7 +37,7 @@ def build_tokenizer(m: ModelArgs):
             (Path(name) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None                               # a local model of a tokenizer-less task (star graphs, images)
     if name == "byte":
-        from ..testing import byte_tokenizer
+        from ..models.tokenizers import byte_tokenizer
 
         return byte_tokenizer()
     from transformers import AutoTokenizer
@@ -54,14 +55,11 @@ def build_base_model(m: ModelArgs, task: TrainingData, tokenizer=None, seed: int
                      register_reach: int = MuToRConfig.d_max) -> torch.nn.Module:
     """Load ``model.name_or_path``, or build a random ``model.preset`` sized for the task, seeded with ``seed``,
     with room for registers ``register_reach`` positions ahead (:meth:`Recipe.register_reach`)."""
-    dtype = TORCH_DTYPES[m.dtype]
     if m.name_or_path is not None:
-        from transformers import AutoModelForCausalLM
-
         if m.config_overrides:
             raise ValueError("model.config_overrides only applies to random-init models (name_or_path: null)")
-        return _positions(from_pretrained(AutoModelForCausalLM.from_pretrained, m.name_or_path, "model.name_or_path",
-                                          dtype=dtype, attn_implementation=m.attn_implementation), m, task)
+        return _positions(load_pretrained(m.name_or_path, m.dtype, m.attn_implementation, "model.name_or_path"), m,
+                          task)
     from ..models.presets import tiny_causal_lm
 
     if task.vocab_size is not None:
@@ -76,7 +74,7 @@ def build_base_model(m: ModelArgs, task: TrainingData, tokenizer=None, seed: int
     kw.update(m.config_overrides)
     torch.manual_seed(seed)
     model = tiny_causal_lm(vocab, m.preset, attn_implementation=m.attn_implementation, **kw)
-    return _positions(model.to(dtype), m, task)
+    return _positions(model.to(TORCH_DTYPES[m.dtype]), m, task)
 
 
 def rotary_grid(task: TrainingData) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 def add_parser(sub) -> None:
     from ..core.config import PREFIX_ATTENTION
     from ..eval.benchmarks import BENCHMARKS
-    from ..utils.devices import DTYPES
+    from ..models.loading import DTYPES
 
     p = sub.add_parser("eval", help="generate and score a benchmark (the paper's protocol)",
                        description="Greedy decoding with the training prompt template, then the paper's metric. "

@@ -14,13 +14,15 @@ dropped, and one line says how many.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core.layout import IGNORE_INDEX
 from ..data.registry import TrainingData
 from ..models.positions import position_limit
 from ..utils.errors import MutorUserError
-from .recipe import Recipe
+
+if TYPE_CHECKING:                                 # annotations only: recipe.py imports this module
+    from .recipe import Recipe
 
 __all__ = ["TRUNCATE_KEY", "check_truncate_option", "fit_to_model"]
 

@@ -5,7 +5,7 @@ The paper fine-tunes in bfloat16. Two ways to train in bf16, both available to a
 * ``model.dtype: bfloat16``: the weights themselves are bf16. mutor's real recipes use this with LoRA:
   the base is frozen, so nothing is lost by storing it in bf16, and peft keeps the adapters in float32
   (``autocast_adapter_dtype``); the register vector and the Multi-Token heads keep float32 weights
-  too (:func:`mutor.methods.wrapper.master_dtype`). With LoRA on a CPU with fast bf16 it is the fastest
+  too (:func:`mutor.methods.base.master_dtype`). With LoRA on a CPU with fast bf16 it is the fastest
   mode and needs the least activation memory.
 * ``training.bf16: true`` with float32 weights: Trainer's autocast. Every trained weight keeps a float32
   copy, so it is the mode for full fine-tuning, where AdamW's steps are below bf16's resolution.

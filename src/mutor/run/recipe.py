@@ -38,8 +38,9 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from ..core.config import MuToRConfig, check_prefix_attention
+from ..core.config import check_prefix_attention
 from ..integrations.clipping import GRAD_CLIP_MODES, check_grad_clip
+from ..methods.mutor import MuToRConfig
 from ..methods.registry import get_method, method_names
 from ..utils.errors import MutorUserError, did_you_mean
 from ..utils.io import yaml_load

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from ..utils.devices import DTYPES
+    from ..models.loading import DTYPES
 
     p = sub.add_parser("sample", help="sample class-conditional images (KV cache, CFG, temperature, top-k)",
                        description="Sample images from a model trained with an image task (digits, image_codes). "
@@ -66,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..image.rotary2d import apply_saved_rotary_2d
     from ..image.sample import sample_codes, save_grid_png
-    from ..utils.devices import load_causal_lm
-    from ..utils.errors import from_pretrained
+    from ..models.loading import from_pretrained, load_causal_lm
 
     model_dir = Path(args.model)
     layout = _layout(model_dir)

@@ -1,10 +1,10 @@
-"""Where evaluation and sampling run: the model's device, the device a command picks, the dtype it loads in.
+"""Where evaluation and sampling run: the model's device, the device a command picks, the cache's name.
 
 Every evaluator builds its inputs on the CPU (padding, collating, class tokens) and sends them to
 :func:`model_device` before the model sees them; everything read back goes ``.float().cpu()``
 before numpy or a metric, so a model on a GPU and in bfloat16 is evaluated exactly like one on the
 CPU in float32. ``mutor eval`` and ``mutor sample`` load their model on :func:`resolve_device`
-(the first GPU when there is one) in :func:`resolve_dtype` (the checkpoint's own by default).
+(the first GPU when there is one; the dtype it loads in: :mod:`mutor.models.loading`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["DTYPES", "TORCH_DTYPES", "cache_argument", "load_causal_lm", "model_device", "resolve_device",
-           "resolve_dtype"]
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPES = ("auto", *TORCH_DTYPES)           # "auto": the checkpoint's own
+__all__ = ["cache_argument", "model_device", "resolve_device"]
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -57,20 +53,3 @@ def resolve_device(device: Optional[Union[str, torch.device]] = None) -> torch.d
         return torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1): {err}") from None
-
-
-def resolve_dtype(dtype: Optional[str] = "auto") -> Union[str, torch.dtype]:
-    """``"auto"`` (the checkpoint's own dtype) or the ``torch.dtype`` named by one of :data:`DTYPES`."""
-    if dtype is None or dtype == "auto":
-        return "auto"
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
-    return TORCH_DTYPES[dtype]
-
-
-def load_causal_lm(path, device: Optional[Union[str, torch.device]] = None, dtype: Optional[str] = "auto"):
-    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype``, on ``device`` (see above), in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    dev, dt = resolve_device(device), resolve_dtype(dtype)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dt).to(dev).eval()

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Union
 
 import yaml
 
+from .errors import MutorUserError
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -132,6 +134,4 @@ def yaml_load(text: str, source: str = "YAML"):
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        from .errors import MutorUserError
-
         raise MutorUserError(f"{source}:{where}: YAML syntax error: {problem}") from None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import random
 
+__all__ = ["bootstrap_ratio", "williams_orders"]
+
 
 def williams_orders(n: int) -> list[list[int]]:
     """Orders of n decoders in which each one follows every other equally often (a Williams design: one Latin

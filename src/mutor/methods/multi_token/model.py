@@ -24,53 +24,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.config import JsonConfig, check_prefix_attention
-from ..core.layout import IGNORE_INDEX, offset_target_layout, shift_labels
-from ..core.loss import top1_hits
-from .wrapper import (COUNTED_LAYOUT, MuToROutput, TrainingWrapper, counted_for, inner_model, labels_of, master_dtype,
-                      objective_output, prepare_inputs, row_weights)
+from ...core.layout import IGNORE_INDEX, offset_target_layout, shift_labels
+from ...core.loss import top1_hits
+from ...models.peft_utils import inner_model
+from ..base import COUNTED_LAYOUT, TargetCount, TrainingWrapper, counted_for, labels_of, master_dtype, prepare_inputs
+from ..objective import MuToROutput, objective_output, row_weights
+from .config import MT_CONFIG, MultiTokenConfig
 
-MT_CONFIG = "multi_token_config.json"
 MT_WEIGHTS = "multi_token.safetensors"
 
-__all__ = ["MultiTokenConfig", "MultiTokenModel"]
-
-
-@dataclass
-class MultiTokenConfig(JsonConfig):
-    """Configuration of the Multi-Token baseline (Gloeckle et al., 2024). Validated on construction.
-
-    Args:
-        d_max: Largest offset: ``d_max - 1`` extra heads predict ``x_{t+2}..x_{t+d_max}`` beside the model's own
-            next-token head (>= 2; the paper's tuned setting is 2).
-        loss_weight: The heads' loss weight a in ``(1-a) * L_ntp + a * L_heads``, in [0, 1) (the paper's tuned
-            setting is 0.1).
-        prefix_attention: ``"causal"`` or ``"bidirectional"`` (prompt tokens attend to the whole prompt).
-
-    Raises:
-        ValueError: A field out of range.
-    """
-
-    d_max: int = field(default=2, metadata={"help": "Largest offset: heads for x_{t+2}..x_{t+d_max} next to the "
-                                                    "next-token head (the paper's tuned setting is 2)."})
-    loss_weight: float = field(default=0.1, metadata={"help": "a in (1-a)*L_ntp + a*L_heads, in [0, 1) (the "
-                                                              "paper's tuned setting is 0.1)."})
-    prefix_attention: str = field(default="causal", metadata={"help": "'causal' or 'bidirectional' (prompt tokens "
-                                                                      "attend to the whole prompt)."})
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.d_max, int) and not isinstance(self.d_max, bool) and self.d_max >= 2):
-            raise ValueError(f"MultiTokenConfig.d_max: must be an integer >= 2 (got {self.d_max!r})")
-        if isinstance(self.loss_weight, bool) or not (0.0 <= float(self.loss_weight) < 1.0):
-            raise ValueError(f"MultiTokenConfig.loss_weight: must lie in [0, 1) (got {self.loss_weight!r})")
-        check_prefix_attention(self.prefix_attention, "MultiTokenConfig.prefix_attention")
+__all__ = ["MT_WEIGHTS", "MultiTokenModel"]
 
 
 def _parts(inner: nn.Module):
@@ -123,12 +92,18 @@ class MultiTokenModel(TrainingWrapper):
             p.requires_grad_(True)          # a peft-frozen last layer still gives fully trainable heads
 
     # ------------------------------------------------------------ what the trainer asks
-    def count_reg_targets(self, batch: dict) -> int:
+    def count_reg_targets(self, batch: dict) -> TargetCount:
         """Head ``k`` has a target at ``t`` when ``x_{t+k}`` is supervised and in the same document; the heads'
-        target layouts are left in the batch for the forward (``COUNTED_LAYOUT``)."""
-        batch[COUNTED_LAYOUT] = self._head_layouts(labels_of(batch), batch.get("attention_mask"),
-                                                   batch.get("position_ids"))
-        return sum(lay.num_registers for lay in batch[COUNTED_LAYOUT])
+        target layouts go to the forward too (``COUNTED_LAYOUT``). Nothing is drawn from any RNG.
+
+        Args:
+            batch: A collated batch; not changed.
+
+        Returns:
+            The number of head targets, and the heads' layouts as the forward's input.
+        """
+        layouts = self._head_layouts(labels_of(batch), batch.get("attention_mask"), batch.get("position_ids"))
+        return TargetCount(sum(lay.num_registers for lay in layouts), {COUNTED_LAYOUT: layouts})
 
     def _head_layouts(self, labels, attention_mask, position_ids) -> list:
         """Head ``k``'s targets for ``k`` = 2 .. d_max: every ``x_t`` whose ``x_{t+k}`` is supervised and in the same
@@ -203,7 +178,7 @@ class MultiTokenModel(TrainingWrapper):
         if self.loss_chunk_size is None:
             loss, (ce, reg_hit) = None, self._full_loss(trunk_out, head_rows, targets, n_ntp)
         else:
-            from ..core.loss import head_cross_entropy
+            from ...core.loss import head_cross_entropy
 
             rows = torch.cat([trunk_out[keep]] + [self._norm(r) for r in head_rows])    # (N + n_reg, C)
             weights = row_weights(is_reg, self.multi_token_config.loss_weight, num_items_in_batch,

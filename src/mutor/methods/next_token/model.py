@@ -11,38 +11,18 @@ the prefix attention the model was trained with, which evaluation reads back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.config import JsonConfig, check_prefix_attention
-from ..core.layout import IGNORE_INDEX
-from .wrapper import COUNTED_LAYOUT, MuToROutput, TrainingWrapper, objective_output, prepare_inputs
+from ...core.layout import IGNORE_INDEX
+from ..base import COUNTED_LAYOUT, TargetCount, TrainingWrapper, prepare_inputs
+from ..objective import MuToROutput, objective_output
+from .config import NT_CONFIG, NextTokenConfig
 
-NT_CONFIG = "next_token_config.json"
-
-__all__ = ["NextTokenConfig", "NextTokenModel"]
-
-
-@dataclass
-class NextTokenConfig(JsonConfig):
-    """Configuration of the next-token baseline. Validated on construction.
-
-    Args:
-        prefix_attention: ``"causal"`` or ``"bidirectional"`` (prompt tokens attend to the whole prompt).
-
-    Raises:
-        ValueError: Any other ``prefix_attention``.
-    """
-
-    prefix_attention: str = field(default="causal", metadata={"help": "'causal' or 'bidirectional' (prompt tokens "
-                                                                      "attend to the whole prompt)."})
-
-    def __post_init__(self) -> None:
-        check_prefix_attention(self.prefix_attention, "NextTokenConfig.prefix_attention")
+__all__ = ["NextTokenModel"]
 
 
 class NextTokenModel(TrainingWrapper):
@@ -89,8 +69,9 @@ class NextTokenModel(TrainingWrapper):
             return base
         return cls(base, config, loss_chunk_size=loss_chunk_size)
 
-    def count_reg_targets(self, batch: dict) -> int:
-        return 0
+    def count_reg_targets(self, batch: dict) -> TargetCount:
+        """No auxiliary target, and nothing for the forward."""
+        return TargetCount(0)
 
     def offset_names(self) -> list[str]:
         return []

@@ -1,4 +1,5 @@
-"""An "official-style" MuToR training step, written by us as the baseline the suite compares against.
+"""An "official-style" MuToR training step, written by us: the baseline the benchmark suite times, and a
+reference the tests compare MuToRModel's loss with.
 
 It does what the paper's reference code does, per the paper's description: one example at a
 time (batch 1), register tokens physically interleaved after the tokens they follow, a dense
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+__all__ = ["interleave", "official_example_loss", "official_step", "register_target"]
 
 
 def interleave(labels_row, d: int):

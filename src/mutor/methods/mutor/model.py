@@ -30,15 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.attention import split_attention_for
-from ..core.config import SIDECAR_CONFIG, MuToRConfig
-from ..core.layout import RegisterLayout, build_layout, sample_offsets
-from ..core.loss import top1_hits
-from ..core.masks import build_attention_mask
-from .wrapper import (COUNTED_LAYOUT, MuToROutput, TrainingWrapper, accepts, counted_for, inner_model, labels_of,
-                      master_dtype, objective_output, prepare_inputs)
+from ...core.attention import split_attention_for
+from ...core.layout import RegisterLayout, build_layout, sample_offsets
+from ...core.loss import top1_hits
+from ...core.masks import build_attention_mask
+from ...models.activation_checkpointing import is_recomputing
+from ...models.peft_utils import inner_model
+from ..base import (COUNTED_LAYOUT, TargetCount, TrainingWrapper, accepts, counted_for, labels_of, master_dtype,
+                    prepare_inputs)
+from ..objective import MuToROutput, objective_output
+from .config import SIDECAR_CONFIG, MuToRConfig
 
-__all__ = ["MuToRModel", "MuToROutput", "SIDECAR_WEIGHTS"]
+__all__ = ["MuToRModel", "SIDECAR_WEIGHTS"]
 
 SIDECAR_WEIGHTS = "mutor.safetensors"
 
@@ -137,20 +140,30 @@ class MuToRModel(TrainingWrapper):
         return reg * (scale.to(dtype) if torch.is_tensor(scale) else scale)
 
     # ------------------------------------------------------------ what the trainer asks
-    def count_reg_targets(self, batch: dict) -> int:
-        """Samples the per-row offsets now (into ``batch["offset_index"]``, with the model's own generator when
-        it has one) and counts the registers they give. The count does not depend on which random subset
-        ``num_registers`` later picks, only on how many are eligible; without ``num_registers`` the labels and the
-        offsets fix the whole layout, which is left in the batch for the forward (``COUNTED_LAYOUT``). With it, the
-        forward places its registers itself, drawing where it always has."""
-        labels = labels_of(batch)
-        if "offset_index" not in batch:
-            batch["offset_index"] = sample_offsets(self.mutor_config, labels.shape[0], self._generator)
+    def count_reg_targets(self, batch: dict) -> TargetCount:
+        """Samples the per-row offsets now (with the model's own generator when it has one; a batch's own
+        ``offset_index`` is kept) and counts the registers they give. The count does not depend on which random
+        subset ``num_registers`` later picks, only on how many are eligible; without ``num_registers`` the labels
+        and the offsets fix the whole layout, which goes to the forward too (``COUNTED_LAYOUT``). With it, the
+        forward places its registers itself, drawing where it always has.
+
+        Args:
+            batch: A collated batch; not changed.
+
+        Returns:
+            The register count, and the forward inputs that fix it: the offsets drawn (``offset_index``) and,
+            without ``num_registers``, the layout.
+        """
+        labels, inputs = labels_of(batch), {}
+        if "offset_index" in batch:
+            offsets = batch["offset_index"]
+        else:
+            offsets = inputs["offset_index"] = sample_offsets(self.mutor_config, labels.shape[0], self._generator)
         layout = build_layout(labels, self.mutor_config, batch.get("attention_mask"), batch.get("position_ids"),
-                              batch["offset_index"], generator=torch.Generator())
+                              offsets, generator=torch.Generator())
         if self.mutor_config.num_registers is None:
-            batch[COUNTED_LAYOUT] = layout
-        return layout.num_registers
+            inputs[COUNTED_LAYOUT] = layout
+        return TargetCount(layout.num_registers, inputs)
 
     def offset_names(self) -> list[str]:
         """Labels of the per-offset outputs: ``"d=3"``, or ``"dh=2,dw=1"`` in 2D mode."""
@@ -161,7 +174,7 @@ class MuToRModel(TrainingWrapper):
         trainer has drawn (none counted otherwise: counting must not draw from any RNG)."""
         if COUNTED_LAYOUT in inputs:
             return inputs[COUNTED_LAYOUT].num_registers * params
-        return (self.count_reg_targets(inputs) if "offset_index" in inputs else 0) * params
+        return (self.count_reg_targets(inputs).count if "offset_index" in inputs else 0) * params
 
     def rng_state(self) -> Optional[torch.Tensor]:
         """State of the private offset generator (None when the global RNG is used)."""
@@ -206,8 +219,8 @@ class MuToRModel(TrainingWrapper):
             num_registers_in_batch: Registers in the whole accumulated batch, the register loss's denominator;
                 None: this batch's.
             return_logits: Also return the logits of every loss row and the layout.
-            counted_layout: The layout :meth:`count_reg_targets` built for this batch (the trainer hands it on),
-                used instead of building it again.
+            counted_layout: The layout :meth:`count_reg_targets` built for this batch (in its
+                ``forward_inputs``, which the trainer hands on), used instead of building it again.
             **kwargs: Passed on to the base model.
 
         Returns:
@@ -249,7 +262,7 @@ class MuToRModel(TrainingWrapper):
         """Under sdpa, register rows attend apart from regular rows (mutor.core.attention). Gradient checkpointing
         recomputes layers outside this forward, where the split is off: then the dense mask is used."""
         inner = inner_model(self.base_model)
-        checkpointing = self.training and any(getattr(m, "gradient_checkpointing", False) for m in inner.modules())
+        checkpointing = self.training and is_recomputing(inner)
         split = (self.attention == "auto" and self.attn_implementation == "sdpa" and layout.num_slots > 0
                  and not checkpointing)
         return split_attention_for(inner, layout.num_regular, mask) if split else contextlib.nullcontext()

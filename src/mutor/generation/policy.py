@@ -1,0 +1,432 @@
+"""How much to draft each round: an acceptance estimate, the cost of a forward by its rows, and the choice.
+
+Three parts, each doing one thing, and their settings in one frozen dataclass:
+
+- :class:`Acceptance`: per offset d, the chance that a draft for ``x_{e+d}`` is kept given that every earlier
+  draft of its round was (discounted counts);
+- :class:`RowCosts`: the seconds of a forward by its number of rows, at a speed level shared by every row count
+  (a load on the machine slows them alike);
+- :class:`DraftPolicy`: the choice: the candidate with the most expected tokens per second.
+
+The choice exploits the estimates, and explores on a budget: where the candidate that is best when every
+acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it
+is taken instead as long as the time it is expected to lose stays within ``explore`` of the decoding time. What
+has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows back: a choice that
+looked bad on one unlucky measurement is tried again, while exploring never costs more than its share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, TypeVar
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """The settings of :class:`DraftPolicy` (every number the policy uses is one of these)."""
+
+    memory: float = field(default=0.99, metadata={
+        "help": "Discount of an offset's acceptance counts each time a draft for it is checked: recent drafts "
+                "weigh more (0.99: about the last 100)."})
+    revisit: float = field(default=400.0, metadata={
+        "help": "Rounds over which an estimate that is not renewed (an acceptance not observed, a row count not "
+                "fed) loses its weight, so that its uncertainty grows back and it is explored again."})
+    optimism: float = field(default=1.0, metadata={
+        "help": "Standard errors each acceptance is taken high and each cost low for exploring: which candidate "
+                "is worth trying."})
+    explore: float = field(default=0.005, metadata={
+        "help": "The most of the decoding time exploring may lose (by the estimates): 0.005 is 0.5 %."})
+    smoothing: float = field(default=0.05, metadata={
+        "help": "Weight of a new measurement in a row count's cost, after the mean of the first 1/smoothing."})
+    level_gain: float = field(default=0.3, metadata={
+        "help": "How fast the speed level shared by every row count follows the measurements (0: not at all)."})
+    spike: float = field(default=2.0, metadata={
+        "help": "A measurement counts at most this many times (and at least 1/spike of) what the costs "
+                "predicted: one spike of load is not a new cost."})
+    trust: int = field(default=3, metadata={
+        "help": "Forwards of a row count before its measured cost is trusted over the least it may cost (one "
+                "slow forward does not rule a draft out)."})
+    margin: float = field(default=0.0, metadata={
+        "help": "How much a draft's expected rate must beat plain decoding's by (0.05: 5 %)."})
+    clock: str = field(default="wall", metadata={
+        "help": "What a forward is timed by: 'wall' (time.perf_counter, what the user waits for) or 'cpu' (the "
+                "thread's CPU time, meaningful with one intra-op thread on a CPU)."})
+
+    def __post_init__(self):
+        allowed = {"memory": (0 < self.memory <= 1, "in (0, 1]"), "revisit": (self.revisit >= 1, ">= 1"),
+                   "optimism": (self.optimism >= 0, ">= 0"), "explore": (0 <= self.explore < 1, "in [0, 1)"),
+                   "smoothing": (0 < self.smoothing <= 1, "in (0, 1]"),
+                   "level_gain": (0 <= self.level_gain < 1, "in [0, 1)"), "spike": (self.spike > 1, "> 1"),
+                   "trust": (isinstance(self.trust, int) and self.trust >= 1, "an integer >= 1"),
+                   "margin": (self.margin >= 0, ">= 0"), "clock": (self.clock in ("wall", "cpu"), "'wall' or 'cpu'")}
+        for name, (ok, rule) in allowed.items():
+            if not ok:
+                raise ValueError(f"DraftSettings.{name} must be {rule}, not {getattr(self, name)!r}")
+
+    @property
+    def forget(self) -> float:
+        """The factor every count is multiplied by each round (from ``revisit``)."""
+        return 1.0 - 1.0 / self.revisit
+
+
+class Acceptance:
+    """Per offset d in 2..k_max, how often a draft for ``x_{e+d}`` is kept when every earlier one was.
+
+    Kept over checked drafts, with two drafts at the ``prior``'s estimate (else one kept and one rejected) as
+    prior; at each check every earlier draft weighs ``memory`` times less, and each round every count (the prior
+    too) ``forget`` times less: the estimate stays, its uncertainty grows back.
+
+    Args:
+        k_max: The longest draft length K (offsets 2..K).
+        settings: The policy's settings.
+        prior: Another estimate this one starts from (the prompt's drafts start from the in-answer ones).
+    """
+
+    def __init__(self, k_max: int, settings: DraftSettings, prior: Optional["Acceptance"] = None):
+        self.settings, self.prior = settings, prior
+        self.checked = [0.0] * (k_max + 1)                # discounted counts per offset d (index d)
+        self.kept = [0.0] * (k_max + 1)
+        self.weight = [2.0] * (k_max + 1)                 # the prior's, in drafts
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """One draft checked: of its ``drafted`` tokens (offsets 2, 3, ...) the first ``kept`` were right.
+
+        Args:
+            drafted: Draft tokens checked.
+            kept: Of those, how many were right, from the first.
+        """
+        m = self.settings.memory
+        for d in range(2, min(drafted, kept + 1) + 2):     # checked: every token up to the first wrong one
+            self.checked[d] = m * self.checked[d] + 1
+            self.kept[d] = m * self.kept[d] + (d - 2 < kept)
+            self.weight[d] *= m
+
+    def forget(self) -> None:
+        """A round passed: every count loses a little weight (``revisit``)."""
+        f = self.settings.forget
+        self.checked, self.kept, self.weight = ([f * c for c in v] for v in (self.checked, self.kept, self.weight))
+
+    def estimate(self, d: int, optimistic: bool = False) -> float:
+        """The acceptance of offset d (``optimistic``: ``optimism`` standard errors high, at most 1)."""
+        p0 = 0.5 if self.prior is None else self.prior.estimate(d)
+        n = self.checked[d] + self.weight[d]
+        p = (self.kept[d] + self.weight[d] * p0) / n
+        return min(1.0, p + self.settings.optimism * math.sqrt(p * (1 - p) / n)) if optimistic else p
+
+    def expected(self, k: int, optimistic: bool = False) -> tuple[float, float]:
+        """``(E, P)`` for a draft of k-1 tokens: the tokens a round yields on average (the model's own next token
+        included) and the chance that the whole draft is kept."""
+        total, run = 1.0, 1.0
+        for d in range(2, k + 1):
+            run *= self.estimate(d, optimistic)
+            total += run
+        return total, run
+
+
+class RowCosts:
+    """The seconds of a forward by its rows: ``exp(level + ratio[rows])``.
+
+    ``level`` is shared by every row count and follows each measurement by ``level_gain``; ``ratio[rows]`` is
+    the running mean of that count's measurements over the level (the mean of the first ``1/smoothing``, then
+    weight ``smoothing``). So a load that slows every forward moves the costs of the counts not fed lately with
+    the ones fed, instead of leaving them at the speed of when they were fed. A measurement counts at ``spike``
+    times the prediction at most. The spread of the measurements around the predictions (``noise``) is what
+    the optimistic cost is taken low by.
+
+    Args:
+        settings: The policy's settings.
+    """
+
+    def __init__(self, settings: DraftSettings):
+        self.settings = settings
+        self.level = 0.0                                   # log seconds
+        self.ratio: dict[int, float] = {}                  # log seconds over the level, by rows
+        self.count: dict[int, float] = {}                  # measurements, discounted by forget
+        self.measured: dict[int, int] = {}                 # measurements, all of them
+        self.square_error, self.errors = 0.0, 0
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A forward of ``rows`` rows took ``seconds``.
+
+        Args:
+            rows: Its rows (tokens and registers).
+            seconds: What it took.
+        """
+        s = self.settings
+        x = math.log(max(seconds, 1e-12))
+        n = self.measured[rows] = self.measured.get(rows, 0) + 1
+        self.count[rows] = self.count.get(rows, 0.0) + 1
+        if rows not in self.ratio:
+            self.ratio[rows] = x - self.level
+            return
+        cap = math.log(s.spike)
+        e = min(max(x - self.level - self.ratio[rows], -cap), cap)
+        self.errors += 1
+        self.square_error += (e * e - self.square_error) * max(1 / self.errors, s.smoothing)
+        self.level += s.level_gain * e
+        self.ratio[rows] += max(1 / n, s.smoothing) * (1 - s.level_gain) * e
+
+    def forget(self) -> None:
+        """A round passed: each count's measurements lose a little weight (``revisit``)."""
+        self.count = {r: self.settings.forget * c for r, c in self.count.items()}
+
+    def seconds(self, rows: int, optimistic: bool = False) -> float:
+        """The seconds of a forward of ``rows`` rows: measured, its estimate (``optimistic``: ``optimism``
+        standard errors low); not measured, the most a measured count with fewer rows costs (more rows seldom
+        cost less; costs are not assumed to grow with the rows either: in float32 on a CPU 4 rows can cost less
+        than 2). Infinite when no count with fewer rows is measured."""
+        least = max((self.seconds(r, optimistic) for r in self.ratio if r < rows), default=math.inf)
+        if rows not in self.ratio:
+            return least
+        c = math.exp(self.level + self.ratio[rows])
+        if self.measured[rows] < self.settings.trust:
+            c = min(c, least)
+        if not optimistic:
+            return c
+        noise = math.sqrt(self.square_error) if self.errors else math.log(self.settings.spike) / 2
+        return c * math.exp(-self.settings.optimism * noise / math.sqrt(self.count[rows] + 1))
+
+
+def rows(feed: int, registers: int, tail: bool) -> int:
+    """Rows of a forward of ``feed`` tokens with ``registers`` registers after each of them (``tail``: after the
+    last one only)."""
+    return feed + registers * (1 if tail else feed)
+
+
+Option = TypeVar("Option")
+
+
+class DraftPolicy:
+    """Chooses each round's draft: how many drafted tokens to feed, and the registers after them.
+
+    A round feeds the newest kept token and j drafted tokens, and r registers (offsets 2..r+1) after each of
+    them ("full": the next round always has a draft) or after the last one only ("tail": fewer rows, and a
+    rejected draft leaves the next round without one). In steady state j = r = K-1, and a candidate (K, tail)
+    yields, per second:
+
+    - full, K^2 rows: ``E(K) / c(K^2)``, ``E(K) = 1 + sum_{j=2..K} prod_{d=2..j} p_d`` the expected tokens;
+    - tail, 2K-1 rows: ``(E(K) + 1 - P(K)) / (c(2K-1) + (1 - P(K)) c(K))``, counting the draftless round
+      (the token and K-1 registers) that follows a rejected draft; ``P(K)`` the chance the whole draft is kept;
+
+    and plain decoding (K = 1) unless a draft beats it by ``margin``. A count of rows not measured yet is taken
+    to cost the most a measured count with fewer rows does, so each candidate that could win is tried once. A
+    round that has no draft to feed feeds the token and r registers, the cheapest r >= K-1 (in float32 on a CPU
+    4 rows can cost less than 2).
+
+    The drafts of the prompt's registers (an answer's first tokens) have their own acceptance, which starts from
+    the in-answer one. Answers can be too short for the steady state, so the round after the prompt's feeds the
+    part of that draft (and the registers after it) that gains the most tokens over the steady rate for the time
+    it takes, and the prompt's forward feeds registers for what that round would feed, each priced at a row of
+    the prompt's forward.
+
+    Exploring: see the module. One instance can decode many prompts: what it learned carries over, so short
+    answers do not each pay for learning the costs. Until a plain forward is timed, a round feeds no draft and
+    the prompt's forward every register (what they draft is checked for free, against the tokens decoded after
+    them).
+
+    Args:
+        k_max: The longest draft length K (the newest kept token and K-1 drafted ones), at most the model's
+            ``d_max``.
+        settings: The settings (default: ``DraftSettings()``).
+
+    Raises:
+        ValueError: ``k_max`` < 1.
+    """
+
+    def __init__(self, k_max: int, settings: Optional[DraftSettings] = None):
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"DraftPolicy: k_max must be an integer >= 1, not {k_max!r}")
+        self.k_max = k_max
+        self.settings = settings if settings is not None else DraftSettings()
+        self.acceptance = Acceptance(k_max, self.settings)               # within an answer
+        self.first = Acceptance(k_max, self.settings, self.acceptance)   # the prompt's registers' drafts
+        self.costs = RowCosts(self.settings)
+        self.prompt_row: Optional[float] = None                         # seconds a row of the prompt's forward
+        self.prompts = 0
+        self.budget = 0.0                                                # seconds exploring may still lose
+
+    # --------------------------------------------------------------------- the choice
+    def _registers(self, feed: int, at_least: int, tail: bool, optimistic: bool = False) -> int:
+        """The cheapest register count >= ``at_least`` (0 stays 0) for ``feed`` tokens."""
+        if at_least == 0 or feed > 1:
+            return at_least
+        return min(range(at_least, self.k_max),
+                   key=lambda r: (self.costs.seconds(rows(feed, r, tail), optimistic), r))
+
+    def _yield(self, k: int, tail: bool, acceptance: Acceptance, r: int, extra: float = 0.0,
+               optimistic: bool = False) -> tuple[float, float]:
+        """``(tokens, seconds)`` expected of a round that feeds k-1 drafted tokens with r registers after them: with
+        ``tail``, a rejected draft costs the draftless round after it too (the token and r registers); ``extra``
+        seconds besides the forward."""
+        e, p = acceptance.expected(k, optimistic)
+        cost = lambda f, t: self.costs.seconds(rows(f, self._registers(f, r, t, optimistic), t), optimistic)  # noqa
+        fed = cost(k, tail) + extra
+        if not tail or r == 0:
+            return e, fed
+        return e + 1 - p, fed + (1 - p) * cost(1, True)
+
+    def rate(self, k: int, tail: bool, optimistic: bool = False) -> float:
+        """Expected tokens per second of the steady-state candidate ``(k, tail)``: k-1 drafted tokens fed and k-1
+        registers after them."""
+        tokens, seconds = self._yield(k, tail, self.acceptance, k - 1, optimistic=optimistic)
+        return tokens / seconds
+
+    def _pick(self, options: list[Option], value: Callable[[Option, bool], float],
+              loss: Callable[[Option, Option], float], best: Optional[Option] = None) -> Option:
+        """The option of most ``value(option, optimistic=False)`` (or ``best``), or the one of most optimistic
+        value where the budget covers its expected ``loss(option, best)`` in seconds (then charged to it)."""
+        best = max(options, key=lambda o: value(o, False)) if best is None else best
+        hope = max(options, key=lambda o: value(o, True))
+        if hope != best:
+            lost = loss(hope, best)
+            if lost <= self.budget:
+                self.budget -= max(lost, 0.0)
+                return hope
+        return best
+
+    def best(self, explore: bool = False) -> tuple[int, bool]:
+        """The steady-state candidate ``(K, tail)`` with the most expected tokens per second; plain decoding
+        ``(1, False)`` unless a draft beats it by ``margin``. ``explore``: another one where the budget allows
+        (see the module)."""
+        if self.k_max < 2 or 1 not in self.costs.ratio:
+            return 1, False
+        candidates = [(1, False)] + [(k, tail) for k in range(2, self.k_max + 1) for tail in (False, True)]
+
+        def value(c: tuple[int, bool], optimistic: bool) -> float:
+            return self.rate(*c, optimistic=optimistic) / (1.0 if c[0] == 1 else 1 + self.settings.margin)
+
+        def loss(c: tuple[int, bool], b: tuple[int, bool]) -> float:   # its round's seconds beyond b's for as much
+            tokens, seconds = self._yield(c[0], c[1], self.acceptance, c[0] - 1)
+            return seconds - tokens / self.rate(*b)
+        best = max(candidates, key=lambda c: value(c, False))
+        untried = [c for c in candidates[1:] if self.costs.measured.get(rows(c[0], c[0] - 1, c[1]), 0) < self.settings.trust]
+        if best in untried:                                # fewest rows first: its cost bounds the larger ones'
+            bar = max(value(c, False) for c in candidates if c not in untried)
+            best = min((c for c in untried if value(c, False) > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
+        return self._pick(candidates, value, loss, best) if explore else best
+
+    def plan(self, drafted: int, first: bool = False, ends: bool = False) -> tuple[int, int, bool]:
+        """This round's forward.
+
+        Args:
+            drafted: Draft tokens at hand (what the registers after the newest kept token drafted).
+            first: The draft is the prompt's registers' (the round after the prompt's).
+            ends: Kept whole, the draft ends the answer (it foresaw the eos, or it fills ``max_new_tokens``).
+
+        Returns:
+            ``(j, r, tail)``: feed j of the drafted tokens after the newest kept token, and r registers after each
+            fed token (``tail``: after the last one only).
+        """
+        k, tail = self.best(explore=True)
+        if ends and drafted:                               # only this round counts: no register needed
+            return self._gainful(drafted, 0, self.first if first else self.acceptance)[0], 0, False
+        if first:                                          # the prompt's draft, at its own acceptance
+            j, tail = self._gainful(drafted, k - 1, self.first)
+        else:
+            j = min(drafted, k - 1)
+        return j, self._registers(j + 1, k - 1, tail), tail
+
+    def _gainful(self, drafted: int, r: int, acceptance: Acceptance, extra: float = 0.0) -> tuple[int, bool]:
+        """``(j, tail)``: the feed of at most ``drafted`` drafted tokens, with r registers after them, that gains
+        the most tokens over decoding at the steady rate for as long (answers can be too short for the steady
+        state: a round is worth what it yields beyond that); ``extra``: seconds per drafted token besides (the
+        prompt's registers)."""
+        steady = self.rate(*self.best())
+
+        def gain(o: tuple[int, bool], optimistic: bool) -> float:
+            tokens, seconds = self._yield(o[0] + 1, o[1], acceptance, r, o[0] * extra, optimistic)
+            return tokens - steady * seconds
+        options = [(j, tail) for j in range(min(drafted, self.k_max - 1) + 1) for tail in (False, True)]
+        return self._pick(options, gain, lambda o, b: (gain(b, False) - gain(o, False)) / steady)
+
+    def prompt_registers(self) -> int:
+        """The registers the prompt's forward feeds after the prompt: those whose draft the round after would
+        feed, each priced at a row of the prompt's forward (all of them until a plain forward is timed).
+
+        Returns:
+            0..k_max-1.
+        """
+        if 1 not in self.costs.ratio:
+            return self.k_max - 1
+        return self._gainful(self.k_max - 1, self.best()[0] - 1, self.first, self.prompt_row or 0.0)[0]
+
+    # ------------------------------------------------------------------ what it learns
+    def record(self, rows: int, seconds: float, prompt: bool = False) -> None:
+        """A forward of ``rows`` rows took ``seconds`` (``prompt``: the prompt's, with its registers; it prices a
+        register after the prompt, not a round). Each forward adds its share to the exploring budget, and each
+        estimate loses a little weight.
+
+        Args:
+            rows: The forward's rows (tokens and registers).
+            seconds: What it took, by this policy's clock.
+            prompt: It was the prompt's forward.
+        """
+        self.budget += self.settings.explore * seconds
+        if prompt:
+            self.prompts += 1
+            per = seconds / rows
+            w = max(1 / self.prompts, self.settings.smoothing)
+            self.prompt_row = per if self.prompt_row is None else (1 - w) * self.prompt_row + w * per
+            self.first.forget()
+            return
+        self.acceptance.forget()
+        self.costs.forget()
+        self.costs.record(rows, seconds)
+
+    def observe(self, drafted: int, kept: int, first: bool = False) -> None:
+        """A draft checked (fed and verified, or settled by the tokens decoded after it).
+
+        Args:
+            drafted: Its tokens.
+            kept: Of those, how many were right, from the first.
+            first: The prompt's registers drafted it.
+        """
+        (self.first if first else self.acceptance).observe(drafted, kept)
+
+    def state(self) -> dict:
+        """What the policy believes now (a benchmark row's record of why it drafted as it did): ms per forward by
+        rows and how many forwards of each it timed, the acceptance estimates and its steady-state choice."""
+        checked = lambda acc: {f"d={d}": round(acc.estimate(d), 3)            # noqa: E731
+                               for d in range(2, self.k_max + 1) if acc.checked[d]}
+        return {"ms_by_rows": {r: round(1000 * self.costs.seconds(r), 2) for r in sorted(self.costs.ratio)},
+                "timed_by_rows": dict(sorted(self.costs.measured.items())),
+                "acceptance_estimate": checked(self.acceptance), "first_estimate": checked(self.first),
+                "best": list(self.best()) if 1 in self.costs.ratio else None}
+
+
+class FixedDraft:
+    """Always K: K-1 registers after the prompt and after every fed token, and the whole draft fed
+    (``generate(..., draft_registers=K)``; K = 1 is plain decoding).
+
+    Args:
+        k: The draft length K >= 1.
+        settings: Only its ``clock`` is used.
+
+    Raises:
+        ValueError: ``k`` < 1.
+    """
+
+    def __init__(self, k: int, settings: Optional[DraftSettings] = None):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"FixedDraft: K must be an integer >= 1, not {k!r}")
+        self.k_max = k
+        self.settings = settings if settings is not None else DraftSettings()
+
+    def plan(self, drafted: int, first: bool = False, ends: bool = False) -> tuple[int, int, bool]:
+        """The whole draft (at most K-1 tokens) and K-1 registers after every fed token."""
+        return min(drafted, self.k_max - 1), self.k_max - 1, False
+
+    def prompt_registers(self) -> int:
+        """K-1 registers after the prompt."""
+        return self.k_max - 1
+
+    def record(self, rows: int, seconds: float, prompt: bool = False) -> None:
+        """Nothing to learn."""
+
+    def observe(self, drafted: int, kept: int, first: bool = False) -> None:
+        """Nothing to learn."""
+
+    def state(self) -> dict:
+        """Its K."""
+        return {"fixed": self.k_max}

@@ -1,0 +1,86 @@
+"""The draft policy's parts, without a model: its settings refuse bad values by name, the acceptance estimate
+follows what was kept, a forward's cost by its rows is measured and not assumed, and the choice drafts long
+where drafts are kept and rows are cheap and plainly where drafts are rejected; the proposer settles each draft
+against the tokens decoded after it, fed or not."""
+
+from __future__ import annotations
+
+import pytest
+
+from mutor.generation import DraftPolicy, DraftSettings, FixedDraft
+from mutor.generation.policy import RowCosts
+from mutor.generation.proposer import Outcome, RegisterProposer
+
+
+@pytest.mark.parametrize("field,value", [("memory", 0.0), ("revisit", 0.5), ("optimism", -1.0), ("explore", 1.0),
+                                         ("smoothing", 0.0), ("level_gain", 1.0), ("spike", 1.0), ("trust", 0),
+                                         ("margin", -0.1), ("clock", "gpu")])
+def test_settings_out_of_range_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=f"DraftSettings.{field} must be"):
+        DraftSettings(**{field: value})
+
+
+def test_a_draft_length_below_one_is_refused():
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            DraftPolicy(bad)
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            FixedDraft(bad)
+
+
+def _learn(policy: DraftPolicy, kept: float, cost, rounds: int = 400) -> None:
+    """``rounds`` of steady decoding: each round's draft of k_max - 1 tokens keeps its first ``kept`` share,
+    and each row count in 1..k_max^2 is timed at ``cost(rows)``."""
+    k = policy.k_max
+    for _ in range(rounds):
+        policy.observe(k - 1, int(kept * (k - 1)))
+        for rows in range(1, k * k + 1):
+            policy.record(rows, cost(rows))
+
+
+def test_drafts_kept_and_rows_cheap_draft_long():
+    policy = DraftPolicy(4)
+    _learn(policy, 1.0, lambda rows: 1.0 + 0.01 * rows)
+    assert policy.best()[0] == 4
+    assert policy.acceptance.estimate(2) > 0.95
+
+
+def test_drafts_rejected_decode_plainly():
+    policy = DraftPolicy(4)
+    _learn(policy, 0.0, lambda rows: 1.0 + 0.01 * rows)
+    assert policy.best() == (1, False)
+    assert policy.acceptance.estimate(2) < 0.05
+
+
+def test_rows_that_cost_in_proportion_decode_plainly_even_with_good_drafts():
+    policy = DraftPolicy(4)
+    _learn(policy, 1.0, lambda rows: float(rows))
+    assert policy.best() == (1, False)
+
+
+def test_a_row_count_not_measured_costs_the_most_of_the_fewer_rows_measured():
+    costs = RowCosts(DraftSettings())
+    for rows, seconds in ((1, 1.0), (2, 3.0), (4, 2.0)):
+        for _ in range(5):
+            costs.record(rows, seconds)
+    assert costs.seconds(3) == pytest.approx(costs.seconds(2))
+    assert costs.seconds(9) == pytest.approx(max(costs.seconds(r) for r in (1, 2, 4)))
+    assert RowCosts(DraftSettings()).seconds(1) == float("inf")
+
+
+def test_a_draft_not_fed_is_settled_by_the_tokens_decoded_after_it():
+    seen = []
+
+    class Watching(FixedDraft):
+        def observe(self, drafted, kept, first=False):
+            seen.append((drafted, kept, first))
+
+    proposer = RegisterProposer(Watching(1))                # plain decoding: no draft is ever fed
+    proposer.draft, proposer.first = [7, 8, 9], True
+    proposal = proposer.propose(room=10, eos=set())
+    assert proposal.draft == [] and proposal.registers == 0
+    proposer.update(proposal, Outcome(0, [7], [], None, 1, 1.0))    # x = 7: the draft's first token is right
+    assert seen == []
+    proposer.update(proposer.propose(10, set()), Outcome(0, [8], [], None, 1, 1.0))
+    proposer.update(proposer.propose(10, set()), Outcome(0, [5], [], None, 1, 1.0))   # its third is wrong
+    assert seen == [(3, 2, True)]
