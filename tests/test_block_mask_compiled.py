@@ -8,9 +8,9 @@ batch sizes and lengths, reuse the one graph. Equality is checked on the block s
 import pytest
 import torch
 
-from mutor.methods.mutor import MuToRConfig
 from mutor.core.layout import build_layout
 from mutor.core.masks import block_mask
+from mutor.methods.mutor import MuToRConfig
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,7 @@ import math
 
 import pytest
 
-from mutor.eval.claims import (MIN_SEEDS, decimals, format_interval, paired, reading, t_critical,
-                               unpaired_rates)
+from mutor.eval.claims import MIN_SEEDS, decimals, format_interval, paired, reading, t_critical, unpaired_rates
 from mutor.eval.compare import comparison_markdown, verdict
 
 T1, T2, T3, T14 = 12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.144786687917804

@@ -10,7 +10,6 @@ and exit status 130, with no progress bar redrawn after it; the extras install o
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import shlex

@@ -17,8 +17,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-
 from families import VOCAB, make_family, make_model, padded_batch
+
 from mutor import MuToRConfig, MuToRModel
 from mutor.methods.mutor import SIDECAR_CONFIG
 

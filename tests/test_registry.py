@@ -13,8 +13,15 @@ import torch
 
 from mutor.core.config import JsonConfig
 from mutor.methods.next_token import NextTokenModel
-from mutor.methods.registry import (METHODS, Method, get_method, method_names, method_of_config, method_of_run,
-                                    register_method)
+from mutor.methods.registry import (
+    METHODS,
+    Method,
+    get_method,
+    method_names,
+    method_of_config,
+    method_of_run,
+    register_method,
+)
 from mutor.models.presets import tiny_causal_lm
 
 FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 
 def floors(plan: Path, group_names=None) -> list[dict]:
     """Per group (and pilot tag) and test split: its most common training answer and that answer's exact match."""
-    from driver import load_plan   # noqa: E402  (same folder)
+    from driver import load_plan  # noqa: E402  (same folder)
 
     out = []
     _, runs = load_plan(plan)
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--group", action="append", default=None)
     args = ap.parse_args()
-    from report import load   # same folder
+    from report import load  # same folder
 
     rows = load(args.results)
     print("| group | most common training answer (share) | its test EM % | runs' test EM % |")

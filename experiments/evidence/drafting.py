@@ -156,8 +156,8 @@ def _star_graph(ckpt: Path, dtype: str, split: str, limit: int):
     from mutor.data.star_graph import StarGraphShape, make_examples
     from mutor.eval.harness import load_drafter
     from mutor.methods.mutor import MuToRModel
-    from mutor.run.recipe import load_recipe
     from mutor.models.loading import resolve_dtype
+    from mutor.run.recipe import load_recipe
 
     path = next((d / "recipe.yaml" for d in (ckpt, ckpt.parent) if (d / "recipe.yaml").is_file()), None)
     if path is None:

@@ -59,10 +59,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from report import generations_path, load  # same folder: where a row's generations are kept, the rows
+
 from mutor.run.train import last_checkpoint
 from mutor.utils.errors import MutorUserError
 from mutor.utils.io import yaml_load
-from report import generations_path, load   # same folder: where a row's generations are kept, the rows
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

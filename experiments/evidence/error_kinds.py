@@ -33,7 +33,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import report   # same folder: the results file and run labels as the report reads them
+import report  # same folder: the results file and run labels as the report reads them
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("right", "order", "item changed", "item dropped", "item added", "no list")

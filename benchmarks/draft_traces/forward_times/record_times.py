@@ -1,10 +1,15 @@
 # Not a module of the benchmark suite: the script that recorded the files beside it (paths are this machine's).
 """Per-forward seconds as generate measures them, for K=4 fixed and auto, interleaved per prompt."""
-import json, sys, argparse
+import argparse
+import json
+import sys
+
 import torch
+
 sys.path.insert(0, "/work/main")
 from benchmarks.draft_replay import _load
 from mutor.generation import DraftPolicy, FixedDraft, generate
+
 
 def logged(policy, log):
     told = policy.record

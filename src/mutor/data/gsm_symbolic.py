@@ -59,8 +59,11 @@ def _generators() -> dict:
     if importlib.util.find_spec("reasoning_gym") is None:
         raise MutorUserError('task gsm_symbolic needs reasoning-gym: pip install -e ".[reasoning-gym]" in the mutor '
                              "checkout (or pip install reasoning-gym)")
-    from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import (GSMSymbolicDataset, GSMSymbolicDatasetConfig,
-                                                                    tasks_ok)
+    from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import (
+        GSMSymbolicDataset,
+        GSMSymbolicDatasetConfig,
+        tasks_ok,
+    )
 
     gens = GSMSymbolicDataset(GSMSymbolicDatasetConfig(size=1, seed=0)).generators
     return {t: gens[t] for t in tasks_ok}

@@ -28,8 +28,20 @@ import torch
 from ..core.layout import IGNORE_INDEX
 from .collator import PaddingCollator, left_pad
 from .registry import TrainingData, register_task
-from .star_graph_problems import (ANSWER_SEP, EDGE_SEP, NUM_SPECIAL, PAD, QUERY_SEP, Example, StarGraphShape,
-                                  is_valid_path, make_examples, path_scores, sample_example, split_examples)
+from .star_graph_problems import (
+    ANSWER_SEP,
+    EDGE_SEP,
+    NUM_SPECIAL,
+    PAD,
+    QUERY_SEP,
+    Example,
+    StarGraphShape,
+    is_valid_path,
+    make_examples,
+    path_scores,
+    sample_example,
+    split_examples,
+)
 
 __all__ = ["ANSWER_SEP", "EDGE_SEP", "NUM_SPECIAL", "PAD", "QUERY_SEP", "Example", "StarGraphDataset",
            "StarGraphShape", "build_star_graph", "evaluate", "is_valid_path", "make_examples", "path_scores",

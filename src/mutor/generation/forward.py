@@ -11,8 +11,6 @@ sliced to the new rows).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from transformers import DynamicCache
 

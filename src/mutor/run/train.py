@@ -46,8 +46,16 @@ from ..eval.compare import print_comparison, write_comparison
 from ..methods.registry import get_method
 from ..utils.errors import MutorUserError
 from ..utils.io import write_json_atomic, write_text_atomic
-from .build import (LORA_BASE_DIR, apply_lora, build_base_model, build_tokenizer, count_parameters, record_lora_base,
-                    rotary_grid, save_random_lora_base)
+from .build import (
+    LORA_BASE_DIR,
+    apply_lora,
+    build_base_model,
+    build_tokenizer,
+    count_parameters,
+    record_lora_base,
+    rotary_grid,
+    save_random_lora_base,
+)
 from .lengths import fit_to_model
 from .recipe import Recipe, dotted_keys, load_recipe
 

@@ -36,8 +36,16 @@ from ...core.loss import top1_hits
 from ...core.masks import build_attention_mask
 from ...models.activation_checkpointing import is_recomputing
 from ...models.peft_utils import inner_model
-from ..base import (COUNTED_LAYOUT, TargetCount, TrainingWrapper, accepts, counted_for, labels_of, master_dtype,
-                    prepare_inputs)
+from ..base import (
+    COUNTED_LAYOUT,
+    TargetCount,
+    TrainingWrapper,
+    accepts,
+    counted_for,
+    labels_of,
+    master_dtype,
+    prepare_inputs,
+)
 from ..objective import MuToROutput, objective_output
 from .config import SIDECAR_CONFIG, MuToRConfig
 
