@@ -79,7 +79,8 @@ def main(argv=None) -> int:
         for i, p in enumerate(prompts):
             for name in (names[j] for j in orders[i % len(orders)]):
                 t0 = time.perf_counter()
-                _, st = generate(model, torch.tensor([p]), n_new, choosers[name], eos_token_id=eos, prefix_attention=mode)
+                _, st = generate(model, torch.tensor([p]), n_new, choosers[name], eos_token_id=eos,
+                                 prefix_attention=mode)
                 per_prompt[name].append(time.perf_counter() - t0)
                 stats[name].add(st)
     secs = {name: sum(t) for name, t in per_prompt.items()}

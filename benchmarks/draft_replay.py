@@ -42,7 +42,8 @@ from mutor.generation.policy import DraftPolicy, DraftSettings, FixedDraft
 from mutor.generation.proposer import RegisterProposer
 
 
-def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], prefix_attention: Optional[str] = None) -> dict:
+def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int],
+           prefix_attention: Optional[str] = None) -> dict:
     """``{"prompt_len", "answer", "drafts"}``: greedy answer (through eos, at most ``max_new_tokens``) and
     ``drafts[j]``: the registers' greedy draft (offsets 2..d_max) after the prompt (j = 0) or after ``answer[j-1]``,
     which proposes ``answer[j+1], answer[j+2], ...``."""
@@ -58,7 +59,8 @@ def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int], pr
     return {"prompt_len": len(prompt), "answer": answer, "drafts": regs}
 
 
-def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5, prefix_attention: Optional[str] = None) -> dict[int, float]:
+def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5,
+              prefix_attention: Optional[str] = None) -> dict[int, float]:
     """Seconds of a decoding forward of 1..``max_rows`` rows after ``prompt`` is cached, the median of ``reps``,
     fed as drafting feeds them (the pending token and a draft, no register; the cost of a forward depends on its
     rows, not on which of them are registers); key 0: the forward of the whole prompt. Rows are timed in a
@@ -156,8 +158,8 @@ def replay(policy, trace: dict, max_new_tokens: int, eos: set[int], cost: Callab
     index = {t: i for i, t in enumerate(ids)}
     out, stats = decode(target, RegisterProposer(policy), Selector(), [target.none] * trace["prompt_len"],
                         max_new_tokens, {index[t] for t in eos}, clock=target.clock)
-    return {"seconds": target.charged, "forwards": stats.forwards, "new_tokens": stats.new_tokens, "rounds": stats.rounds,
-            "offered": stats.offered, "accepted": stats.accepted,
+    return {"seconds": target.charged, "forwards": stats.forwards, "new_tokens": stats.new_tokens,
+            "rounds": stats.rounds, "offered": stats.offered, "accepted": stats.accepted,
             "tokens": [ids[i] for i in out[trace["prompt_len"]:]]}
 
 
@@ -194,7 +196,8 @@ def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float
 
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
-           load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall", cold: float = 1.0) -> Callable:
+           load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall",
+           cold: float = 1.0) -> Callable:
     """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
     from a recorded load (its row count's, else one row's), times ``exp(x)`` for a load that moves (``drift``:
     x follows x <- 0.98 x + N(0, drift) from forward to forward, so that neighbouring forwards share their load),
@@ -266,7 +269,8 @@ def spread(traces: dict, costs: dict[int, float], policies: dict[str, Callable[[
         secs = {}
         for name, make in {"K=1": lambda: fixed(1), **policies}.items():
             cost, policy = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock, cold), make()
-            secs[name] = sum(replay(policy, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"] for tr in prompts)
+            secs[name] = sum(replay(policy, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"]
+                             for tr in prompts)
         for name in policies:
             ratios[name].append(secs["K=1"] / secs[name])
     pct = lambda v, q: sorted(v)[min(int(q * len(v)), len(v) - 1)]             # noqa: E731

@@ -21,8 +21,9 @@ Besides time, one extra forward records the MiB of activations autograd saves fo
 storages other than the weights; ``benchmarks.step_time.saved_tensor_mb``): under bf16 weights with float32
 adapters, peft saves a float32 copy of every adapted layer's input next to the bf16 one.
 
-Every case builds its model afresh in a process of its own (same seed; ``--in-process`` for smoke runs), runs ``--warmup`` untimed steps, then
-``--steps`` timed ones; the median is reported, and its ratio to the fp32 next-token step. Cases run in
+Every case builds its model afresh in a process of its own (same seed; ``--in-process`` for smoke runs), runs
+``--warmup`` untimed steps, then ``--steps`` timed ones; the median is reported, and its ratio to the fp32
+next-token step. Cases run in
 the order precision-major; ``--rounds 2`` repeats the whole grid in reverse order and takes the median of
 both, so a machine whose load drifts favours no case.
 """

@@ -40,7 +40,8 @@ def replay_auto(traces: dict, kind: str, options: dict | None = None) -> dict:
 
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     extra = dict(LOADS[kind], **({"load": recorded_load()} if kind == "recorded" else {}))
-    return compare(traces, costs, {"auto": lambda: DraftPolicy(traces["d_max"], DraftSettings(**(options or {})))}, **extra)
+    policies = {"auto": lambda: DraftPolicy(traces["d_max"], DraftSettings(**(options or {})))}
+    return compare(traces, costs, policies, **extra)
 
 
 def replay_all(options: dict, loads=tuple(LOADS)) -> dict[str, dict[str, float]]:

@@ -109,7 +109,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
     half = next(base.parameters()).dtype in (torch.bfloat16, torch.float16)
     tokens = {m: 0 for m in methods}
     stats = {k: DraftStats() for k in drafts}
-    choosers = {k: DraftPolicy(model.mutor_config.d_max) for k in drafts if k == "auto"}   # one per split, as mutor eval
+    # one per split, as mutor eval
+    choosers = {k: DraftPolicy(model.mutor_config.d_max) for k in drafts if k == "auto"}
     kw = dict(do_sample=False, max_new_tokens=new, pad_token_id=pad, eos_token_id=eos)
     if eos is None:
         kw["min_new_tokens"] = new
@@ -168,8 +169,8 @@ def measure(run: str, drafts: list, num_prompts: int, max_new_tokens: int | None
         rows.append(row)
     where = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else str(device)
     return {"run": run, "task": task, "device": where, "prompts": len(prompts), "max_new_tokens": new, "rounds": rounds,
-            "threads": torch.get_num_threads(), "dtype": dtype, "prefix_attention": mode, "stop_at_eos": eos is not None,
-            "rows": rows}
+            "threads": torch.get_num_threads(), "dtype": dtype, "prefix_attention": mode,
+            "stop_at_eos": eos is not None, "rows": rows}
 
 
 def markdown(res: dict) -> str:
@@ -210,8 +211,8 @@ def main(argv=None) -> int:
     drafts = [k if k == "auto" else int(k) for k in args.draft]
     for run in args.run:
         for dtype in args.dtype:
-            res = measure(run, drafts, args.num_prompts, args.max_new_tokens, args.rounds, args.lookup, dtype, args.data,
-                          args.device)
+            res = measure(run, drafts, args.num_prompts, args.max_new_tokens, args.rounds, args.lookup, dtype,
+                          args.data, args.device)
             print(markdown(res), flush=True)
             if args.json:
                 with open(args.json, "a") as f:

@@ -39,8 +39,8 @@ but the memory figures are then polluted by earlier cases and only indicative.
 
 As a second, allocator-independent memory figure, one extra untimed forward records the bytes
 of every distinct tensor storage other than the weights that autograd saves for backward
-(``saved_tensors_hooks``); it is in the JSON and in the second table. It leaves out transient tensors (logits before the loss,
-gradients), which the RSS peak includes.
+(``saved_tensors_hooks``); it is in the JSON and in the second table. It leaves out transient tensors
+(logits before the loss, gradients), which the RSS peak includes.
 """
 
 from __future__ import annotations
@@ -292,7 +292,8 @@ def _run_case(spec: dict) -> dict:
         "regular_tokens": int(input_ids.numel()), "registers": int(registers),
         "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
         "times_ms": [1e3 * t for t in times], "cpu_median_ms": 1e3 * statistics.median(cpu_times),
-        "cpu_times_ms": [1e3 * t for t in cpu_times], "sys_median_ms": 1e3 * statistics.median(sys_times), "peak_mb": peak, "peak_method": "cuda_max_allocated" if cuda else probe.method,
+        "cpu_times_ms": [1e3 * t for t in cpu_times], "sys_median_ms": 1e3 * statistics.median(sys_times),
+        "peak_mb": peak, "peak_method": "cuda_max_allocated" if cuda else probe.method,
         "saved_mb": saved, "minor_faults_per_step": faults, "loss": losses[-1], "threads": torch.get_num_threads(),
         "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
@@ -375,7 +376,8 @@ def diagnostics_table(rows: list[dict]) -> str:
              "| plain saved MB | MuToR saved MB | saved ratio |",
              "|" + "---:|" * 14]
     for r in rows:
-        lines.append(f"| {r['answer_length']} | {r.get('attention', 'split')} | {r['token_ratio']:.3f} | {r['plain_cpu_ms']:.1f} | {r['mutor_cpu_ms']:.1f} "
+        lines.append(f"| {r['answer_length']} | {r.get('attention', 'split')} | {r['token_ratio']:.3f} "
+                     f"| {r['plain_cpu_ms']:.1f} | {r['mutor_cpu_ms']:.1f} "
                      f"| {r['cpu_time_ratio']:.3f} | {r['cpu_time_ratio'] / r['token_ratio']:.3f} "
                      f"| {r['plain_sys_ms']:.0f} | {r['mutor_sys_ms']:.0f} "
                      f"| {r['plain_faults_per_step']:.0f} | {r['mutor_faults_per_step']:.0f} "
@@ -403,7 +405,8 @@ def environment() -> dict:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--answer-lengths", type=int, nargs="+", default=None, help="answer tokens per row (default 128 512)")
+    p.add_argument("--answer-lengths", type=int, nargs="+", default=None,
+                   help="answer tokens per row (default 128 512)")
     p.add_argument("--prompt-length", type=int, default=None, help="prompt tokens per row, label -100 (default 64)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per batch (default 8)")
     p.add_argument("--repeats", type=int, default=None, help="timed steps; the median is reported (default 5)")

@@ -128,8 +128,9 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     for s in all_rows:
         by = {r["case"]: r for r in s["rows"]}
         if "official" in by and "mutor" in by:
+            speedup = by["mutor"]["samples_per_s"] / by["official"]["samples_per_s"]
             print(f"\n{s['shape']}: mutor {by['mutor']['samples_per_s']:.2f} samples/s vs official-style "
-                  f"{by['official']['samples_per_s']:.2f}: {by['mutor']['samples_per_s'] / by['official']['samples_per_s']:.1f}x")
+                  f"{by['official']['samples_per_s']:.2f}: {speedup:.1f}x")
     if args.markdown_out:
         args.markdown_out.parent.mkdir(parents=True, exist_ok=True)
         args.markdown_out.write_text(text + "\n")

@@ -83,7 +83,8 @@ def test_every_block_is_validated_before_any_method_trains(tmp_path, monkeypatch
 def test_misspelt_model_preset_gets_a_hint():
     from mutor.models.presets import tiny_causal_lm
 
-    with pytest.raises(ValueError, match=r"unknown model preset 'tiny-lama' \('tiny-lama': did you mean 'tiny-llama'\?\)"):
+    with pytest.raises(ValueError,
+                       match=r"unknown model preset 'tiny-lama' \('tiny-lama': did you mean 'tiny-llama'\?\)"):
         tiny_causal_lm(64, "tiny-lama")
 
 

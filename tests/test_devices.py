@@ -158,11 +158,13 @@ def test_image_evaluators_in_bfloat16():
     codes, labels = _image_data(12, seed=1)
     model = _image_model(torch.bfloat16)
     for scale in (1.0, 2.0):
-        out = sample_codes(model, LAYOUT, [0, 1, 2], cfg_scale=scale, top_k=3, generator=torch.Generator().manual_seed(0))
+        out = sample_codes(model, LAYOUT, [0, 1, 2], cfg_scale=scale, top_k=3,
+                           generator=torch.Generator().manual_seed(0))
         assert out.shape == (3, LAYOUT.num_tokens) and out.dtype == np.int64
         assert out.min() >= 0 and out.max() < LAYOUT.codebook_size
     bits = bits_per_token(model, codes, labels, LAYOUT)
-    assert math.isfinite(bits) and bits == pytest.approx(bits_per_token(_image_model(), codes, labels, LAYOUT), rel=0.05)
+    assert math.isfinite(bits)
+    assert bits == pytest.approx(bits_per_token(_image_model(), codes, labels, LAYOUT), rel=0.05)
 
 
 @pytest.mark.slow

@@ -244,7 +244,8 @@ def test_eval_with_draft_registers_gives_the_same_generations(tmp_path):
     main(args + ["--output-dir", str(tmp_path / "plain")])
     main(args + ["--output-dir", str(tmp_path / "draft"), "--draft-registers", "3"])
     main(args + ["--output-dir", str(tmp_path / "auto"), "--draft-registers", "auto"])
-    gens = {k: [json.loads(line)["generation"] for line in (tmp_path / k / "generations.jsonl").read_text().splitlines()]
+    gens = {k: [json.loads(line)["generation"]
+                for line in (tmp_path / k / "generations.jsonl").read_text().splitlines()]
             for k in ("plain", "draft", "auto")}
     assert gens["plain"] == gens["draft"] == gens["auto"] and len(gens["plain"]) == 3
     plain, draft = (json.loads((tmp_path / k / "summary.json").read_text()) for k in ("plain", "draft"))

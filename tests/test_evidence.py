@@ -35,7 +35,8 @@ def test_shipped_plan_resolves_to_valid_recipes():
 
 def test_plan_refuses_a_run_declared_twice(tmp_path):
     p = tmp_path / "plan.yaml"
-    p.write_text("runs_dir: r\nresults: r.jsonl\ngroups:\n  - {name: g, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2,"
+    p.write_text("runs_dir: r\nresults: r.jsonl\ngroups:\n"
+                 "  - {name: g, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2,"
                  " eval: {task: gsm8k}, runs: [{method: mutor, seed: 0}, {method: mutor, seed: 0}]}\n")
     with pytest.raises(SystemExit, match="declared twice"):
         driver.load_plan(p)
@@ -76,7 +77,12 @@ groups:
     runs:
       - {{method: next_token, seed: 0}}
       - {{method: mutor, seed: 0}}
-    eval: {{task: gsm8k, data: src/mutor/configs/tiny/data/gsm8k_tiny.jsonl, limit: 4, max_new_tokens: 4, batch_size: 4}}
+    eval:
+      task: gsm8k
+      data: src/mutor/configs/tiny/data/gsm8k_tiny.jsonl
+      limit: 4
+      max_new_tokens: 4
+      batch_size: 4
 """)
     return p
 
@@ -111,7 +117,8 @@ def test_driver_runs_what_is_missing_then_skips_it_and_resumes_a_partial_run(tmp
     assert "mutor_s0: generations kept: 1 split(s)" in back.stdout and "training" not in back.stdout
     assert gzip.decompress(kept.read_bytes()) == scored.read_bytes()
     drafts = report.load(tmp_path / "drafting.jsonl")      # registers as drafters, MuToR runs only
-    assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [("mutor_s0", 2, ["K=1", "K=2", "K=3", "K=4", "K=auto"])]
+    assert [(r["run"], r["prompts"], sorted(r["drafting"])) for r in drafts] == [
+        ("mutor_s0", 2, ["K=1", "K=2", "K=3", "K=4", "K=auto"])]
     assert all(k["identical_to_greedy"] for k in drafts[0]["drafting"].values())
     assert "| tiny | mutor_s0 | 2 |" in report.drafting_table(drafts)
     (tmp_path / "drafting.jsonl").unlink()                 # a finished run owing only its drafting row gets it
@@ -166,7 +173,8 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
     again = _driver(plan, "--redraft", "--retrain", "--threads", "2")       # trained with the row's thread count
     assert again.returncode == 0, again.stdout + again.stderr
     row = report.load(tmp_path / "results.jsonl")[0]
-    assert f"mutor_s0: trained again: final next-token loss {row['train_ntp_loss_last']} against the row's" in again.stdout
+    expected = f"mutor_s0: trained again: final next-token loss {row['train_ntp_loss_last']} against the row's"
+    assert expected in again.stdout
     assert "NOT reproduced" not in again.stdout and "next_token_s0" not in again.stdout
     assert len(report.load(tmp_path / "results.jsonl")) == 1                 # no second results row
     drafts = report.load(tmp_path / "drafting.jsonl")
@@ -185,8 +193,8 @@ def test_redraft_retrain_trains_a_finished_run_again_checks_it_reproduced_the_ro
 def test_driver_scores_a_star_graph_group_on_the_final_model_per_example(tmp_path):
     """``eval: {task: run}``: the final model on the run's held-out graphs, one 0/1 solve per graph (so runs pair
     example by example), the training's evaluations as the curve, the MuToR run's registers as drafters on
-    its first held-out graphs and their first-hop predictions (first_hop.py); with ``sources: [path_star]`` (where reasoning-gym is installed) the final model on
-    reasoning-gym's graphs too, as a second split."""
+    its first held-out graphs and their first-hop predictions (first_hop.py); with ``sources: [path_star]`` (where
+    reasoning-gym is installed) the final model on reasoning-gym's graphs too, as a second split."""
     import importlib.util
 
     rg = importlib.util.find_spec("reasoning_gym") is not None
@@ -228,10 +236,12 @@ groups:
     assert report.curves(rows, str(tmp_path / "curves.png")) and (tmp_path / "curves.png").stat().st_size > 0
     assert not report.curves([{**r, "per_checkpoint": []} for r in rows], str(tmp_path / "none.png"))
     (draft,) = report.load(tmp_path / "drafting.jsonl")
-    assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 12)   # 4 nodes as text, eos
+    # 4 nodes as text, eos
+    assert (draft["run"], draft["task"], draft["prompts"], draft["max_new_tokens"]) == ("mutor_s0", "run", 2, 12)
     assert all(k["identical_to_greedy"] for k in draft["drafting"].values())
     kept = {p.relative_to(tmp_path / "generations").as_posix() for p in (tmp_path / "generations").rglob("*.gz")}
-    assert kept == {f"sg/{r}/{s}.jsonl.gz" for r in ("mutor_s0", "next_token_s0") for s in ["test"] + (["path_star"] if rg else [])}
+    splits = ["test"] + (["path_star"] if rg else [])
+    assert kept == {f"sg/{r}/{s}.jsonl.gz" for r in ("mutor_s0", "next_token_s0") for s in splits}
     (hop,) = report.load(tmp_path / "first_hop.jsonl")     # the registers on the first hop, MuToR runs only
     assert (hop["run"], hop["graphs"]) == ("mutor_s0", 4) and {"ntp", "d=2", "d=3"} <= set(hop)
     assert "| sg | mutor_s0 | 4 |" in report.first_hop_table([hop])
@@ -279,7 +289,8 @@ def test_report_at_a_glance_gives_both_sides_mean_the_difference_and_its_reading
                  _row("mutor", seed, [1.0] * 40, [0.5] * 40)]
     comps = report.comparisons(rows)
     (line,) = report.summary_table(comps).splitlines()[2:]            # exact match only, not the answer loss
-    assert line == "| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 [+40.8, +59.2] | better than next-token |"
+    assert line == ("| g | test | mutor - next_token | 3 | 50.0 | 100.0 | +50.0 [+40.8, +59.2] "
+                    "| better than next-token |")
     assert "uninformative (floor)" in report.summary_table(comps, {"g": "at the floor"})
     one = report.comparisons(rows[:2])                                 # seed 0 alone: exploratory, whatever the gap
     assert report.summary_table(one).splitlines()[2].endswith("| exploratory (1 seed) |")
@@ -295,7 +306,8 @@ def test_a_diagnostic_group_is_compared_with_its_reference_groups_runs_of_the_sa
                   "run": f"next_token_s{seed}_half-lr", "tag": "half-lr"}]
     refs = {"diag": {"group": "g", "methods": ["next_token", "mutor"]}}
     em = {c["comparison"]: c for c in report.comparisons(rows, refs) if c["measure"] == "exact match (points)"}
-    assert set(em) == {"mutor - next_token", "next_token (half-lr) - next_token [g]", "next_token (half-lr) - mutor [g]"}
+    assert set(em) == {"mutor - next_token", "next_token (half-lr) - next_token [g]",
+                       "next_token (half-lr) - mutor [g]"}
     assert em["next_token (half-lr) - next_token [g]"]["mean"] == pytest.approx(-50.0)
     assert em["next_token (half-lr) - mutor [g]"]["mean"] == pytest.approx(50.0)
     assert "worse than next_token [g]" in report.verdict([em["next_token (half-lr) - next_token [g]"]])
@@ -340,7 +352,8 @@ def test_a_tagged_run_is_also_compared_with_next_token_of_the_same_tag_and_seed(
 
 
 def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
-    rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40) for s in range(3) for m in ("next_token", "mutor")]
+    rows = [_row(m, s, [float(i % 2) for i in range(40)], [1.0] * 40)
+            for s in range(3) for m in ("next_token", "mutor")]
     comps = report.comparisons(rows)
     group = comps[0]["group"]
     assert "uninformative" not in report.verdict(comps)
@@ -537,7 +550,8 @@ def test_first_hop_probe_equals_plain_and_single_register_reference_forwards(tmp
     record = json.loads((out / "eval/run/final/test/generations.jsonl").read_text().splitlines()[0])
     answer, hop, ntp, reg = first_hop.predictions(model, tok, record)
     prompt = tok(record["prompt"], add_special_tokens=True)["input_ids"]
-    assert tok.decode(answer) == ",".join(map(str, record["reference"])) and tok.decode(answer[hop.start:hop.stop]) == str(record["reference"][1])
+    assert tok.decode(answer) == ",".join(map(str, record["reference"]))
+    assert tok.decode(answer[hop.start:hop.stop]) == str(record["reference"][1])
     base, emb, vec = model.base_model, model.base_model.get_input_embeddings(), model.register_embeddings.weight[0]
     seq = torch.tensor([prompt + answer])
     with torch.no_grad():
@@ -607,21 +621,25 @@ def test_grad_share_parts_add_up_to_the_training_gradient_and_read_one_without_r
         torch.testing.assert_close(g_ntp + g_reg, p.grad, rtol=1e-4, atol=1e-6)
     row = grad_share.probe(out, "", batches=2, micro_batch=4)
     assert row["batches"] == 2 and row["loss_weight"] == model.mutor_config.loss_weight and row["ntp_grad_norm"] > 0
-    assert (row["group"], row["run"]) == (tmp_path.name, "run") and f"| {tmp_path.name} | run | final |" in report.grad_share_table([row])
+    assert (row["group"], row["run"]) == (tmp_path.name, "run")
+    assert f"| {tmp_path.name} | run | final |" in report.grad_share_table([row])
 
     a = 0.25                                                   # by hand: one weight, two batches
     gn, gr = torch.tensor([[1.0, -2.0], [3.0, 0.5]]), torch.tensor([[2.0, 1.0], [-1.0, 4.0]])   # (batch, weight)
-    sums = {"ntp": [gn.sum(0)], "reg": [gr.sum(0)], "v_mix": [(gn + gr).pow(2).sum(0)], "v_ntp": [(gn / (1 - a)).pow(2).sum(0)]}
+    sums = {"ntp": [gn.sum(0)], "reg": [gr.sum(0)], "v_mix": [(gn + gr).pow(2).sum(0)],
+            "v_ntp": [(gn / (1 - a)).pow(2).sum(0)]}
     got = grad_share.shares({"sums": sums, "batch_cosines": [0.0, 0.0], "batches": 2, "loss_weight": a})
     u_ntp = gn.mean(0) / (gn + gr).pow(2).mean(0).sqrt()
     u_ref = (gn / (1 - a)).mean(0) / (gn / (1 - a)).pow(2).mean(0).sqrt()
     u_all = (gn + gr).mean(0) / (gn + gr).pow(2).mean(0).sqrt()
     assert got["ntp_step_ratio"] == pytest.approx(float(u_ntp.norm() / u_ref.norm()), abs=1e-4)
     assert got["step_along_ntp"] == pytest.approx(float(u_all @ u_ref / u_ref.norm() ** 2), abs=1e-4)
-    assert got["cosine"] == pytest.approx(float(gn.mean(0) @ gr.mean(0) / gn.mean(0).norm() / gr.mean(0).norm()), abs=1e-4)
+    cosine = gn.mean(0) @ gr.mean(0) / gn.mean(0).norm() / gr.mean(0).norm()
+    assert got["cosine"] == pytest.approx(float(cosine), abs=1e-4)
     no_reg = {**sums, "reg": [torch.zeros(2)], "v_mix": [gn.pow(2).sum(0)]}
     got = grad_share.shares({"sums": no_reg, "batch_cosines": [], "batches": 2, "loss_weight": a})
-    assert got["ntp_step_ratio"] == pytest.approx(1.0, abs=1e-4) and got["step_along_ntp"] == pytest.approx(1.0, abs=1e-4)
+    assert got["ntp_step_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert got["step_along_ntp"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_error_kinds_tells_order_from_copy_from_length_errors_in_both_list_formats(tmp_path):

@@ -73,7 +73,8 @@ def test_each_register_matches_independent_reference(family):
         out = run_mutor(model, batch, torch.tensor(offsets))
         n = 0
         for got, ref, (b, t, d) in register_refs(model, batch, out):
-            torch.testing.assert_close(got, ref, **TOL, msg=lambda m: f"{family} {kind} register b={b} t={t} d={d}: {m}")
+            torch.testing.assert_close(got, ref, **TOL,
+                                       msg=lambda m: f"{family} {kind} register b={b} t={t} d={d}: {m}")
             seen.add(d)
             n += 1
         assert n == out.num_registers > 0

@@ -134,8 +134,10 @@ def test_mutor_eval_scores_both_test_splits(tmp_path):
         out[split] = evaluate_model("gsm_symbolic", str(tmp_path), split=split, limit=2, max_new_tokens=3,
                                     model_and_tokenizer=(model, tok), progress=False,
                                     output_dir=str(tmp_path / split))
-    assert out["test"]["task"] == "gsm_symbolic" and out["test_new_templates"]["task"] == "gsm_symbolic:test_new_templates"
-    gens = [json.loads(line) for line in (tmp_path / "test_new_templates" / "generations.jsonl").read_text().splitlines()]
+    assert out["test"]["task"] == "gsm_symbolic"
+    assert out["test_new_templates"]["task"] == "gsm_symbolic:test_new_templates"
+    gens = [json.loads(line)
+            for line in (tmp_path / "test_new_templates" / "generations.jsonl").read_text().splitlines()]
     new = make_split("test_new_templates", 2)
     assert [g["prompt"] for g in gens] == [f"Question: {r['question']}\n\nAnswer:" for r in new]
     assert [g["reference"] for g in gens] == [r["answer"] for r in new]

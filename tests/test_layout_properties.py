@@ -290,7 +290,8 @@ def check_mask(batch: Batch, config: MuToRConfig, lay, regs_all, window: Optiona
         regs = regs_all[b]
         m = allowed[b, 0].tolist()
         exp = naive_mask(config, lab, am, pos, doc, regs, R, window)
-        assert m == exp, f"row {b}: mask differs at {[(q, k) for q in range(L) for k in range(L) if m[q][k] != exp[q][k]][:10]}"
+        assert m == exp, (f"row {b}: mask differs at "
+                          f"{[(q, k) for q in range(L) for k in range(L) if m[q][k] != exp[q][k]][:10]}")
 
         # the named properties, checked directly on the library's mask
         def doc_of(i):

@@ -70,7 +70,8 @@ class _OpSpy(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         self.ops.append((func.overloadpacket.__name__, [tuple(t.shape) for t in outs],
                          [tuple(t.shape) for t in outs if t.untyped_storage().data_ptr() not in inputs]))

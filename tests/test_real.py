@@ -179,7 +179,8 @@ def test_invariants_on_a_real_checkpoint(converted, name):
     for got, want, (b, t, dd) in register_refs(model, batch, out, keep=every):
         reg_diff = max(reg_diff, float((got - want).abs().max()))
         n_reg, offsets = n_reg + 1, offsets | {dd}
-    print(f"\n{name}: T={T}, ntp_loss {float(out.ntp_loss):.6f} vs plain {float(ref.loss):.6f} (|diff| {loss_diff:.2e}); "
+    print(f"\n{name}: T={T}, ntp_loss {float(out.ntp_loss):.6f} vs plain {float(ref.loss):.6f} "
+          f"(|diff| {loss_diff:.2e}); "
           f"max |logit diff| regular {logit_diff:.2e} over {len(rows)} tokens, registers {reg_diff:.2e} over "
           f"{n_reg} registers (offsets {sorted(offsets)})")
     n_rows = [int((out.layout.reg_labels[b] != -100).sum()) for b in range(B)]

@@ -88,7 +88,8 @@ def test_mutor_eval_scores_with_the_verifier_and_selects_on_validation(tmp_path)
     from mutor.eval.harness import evaluate_checkpoints
 
     tok = byte_tokenizer()
-    random_checkpoint_run(tmp_path, "{task: reasoning_gym, dataset: spell_backward, num_test: 3, num_validation: 2}", tok)
+    random_checkpoint_run(tmp_path, "{task: reasoning_gym, dataset: spell_backward, num_test: 3, num_validation: 2}",
+                          tok)
     res = evaluate_checkpoints("reasoning_gym", str(tmp_path), max_new_tokens=2, progress=False, device="cpu")
     assert res["selection_split"] == "validation" and res["n"] == 3 and REASONING_GYM.selection == "validation"
     gens = [json.loads(x) for x in (tmp_path / "eval" / "reasoning_gym" / res["selected_checkpoint"] / "test" /

@@ -92,7 +92,12 @@ groups:
     overrides: ["training.report_to=[]", training.logging_steps=1]
     runs:
       - {{method: mutor, seed: 0}}
-    eval: {{task: gsm8k, data: src/mutor/configs/tiny/data/gsm8k_tiny.jsonl, limit: 4, max_new_tokens: 4, batch_size: 4}}
+    eval:
+      task: gsm8k
+      data: src/mutor/configs/tiny/data/gsm8k_tiny.jsonl
+      limit: 4
+      max_new_tokens: 4
+      batch_size: 4
 """)
     run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, cwd=ROOT,  # noqa: E731
                                     timeout=600)

@@ -152,8 +152,8 @@ def test_default_recipe_is_the_star_graph_comparison():
         build_parser().parse_args([])
 
 
-@pytest.mark.parametrize("name", ["g2-5-cpu", "g2-5", "g2-10", "gpt2-large-g2-5", "gpt2-large-g2-10", "smollm2-135m-g2-5",
-                                  "smollm2-135m-g2-10"])
+@pytest.mark.parametrize("name", ["g2-5-cpu", "g2-5", "g2-10", "gpt2-large-g2-5", "gpt2-large-g2-10",
+                                  "smollm2-135m-g2-5", "smollm2-135m-g2-10"])
 def test_star_graph_preset_names_match_their_graphs(name):
     """star_graph/g{degree}-{path_len}*.yaml trains on exactly that graph: a recipe's name says what it trains."""
     import re

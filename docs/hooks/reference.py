@@ -157,7 +157,8 @@ def recipes_table() -> str:
         t = r.get("training") or {}
         budget = (f"{t['max_steps']} steps" if t.get("max_steps") else
                   f"{t['num_train_epochs']} epochs" if t.get("num_train_epochs") else "-")
-        rows.append(f"| `{name}` | {methods} | {model_name} | `{task}` | {'r=' + str(r['lora'].get('r', 8)) if r.get('lora') else 'no'} | {budget} |")
+        lora = "r=" + str(r["lora"].get("r", 8)) if r.get("lora") else "no"
+        rows.append(f"| `{name}` | {methods} | {model_name} | `{task}` | {lora} | {budget} |")
     return "\n".join(rows) + "\n"
 
 

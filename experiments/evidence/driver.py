@@ -93,7 +93,8 @@ class Run:
     @property
     def identity(self) -> dict:
         """The fields that open each side row (drafting, first hop)."""
-        return {"group": self.group["name"], "run": self.name, "method": self.method, "seed": self.seed, "tag": self.tag}
+        return {"group": self.group["name"], "run": self.name, "method": self.method, "seed": self.seed,
+                "tag": self.tag}
 
     @property
     def steps(self) -> int:
@@ -205,7 +206,8 @@ def resolved_recipe(d: Path) -> Optional[dict]:
 class Driver:
     def __init__(self, plan: dict, args: argparse.Namespace):
         self.plan, self.args = plan, args
-        self.runs_dir = (REPO / plan["runs_dir"]) if not Path(plan["runs_dir"]).is_absolute() else Path(plan["runs_dir"])
+        runs_dir = Path(plan["runs_dir"])
+        self.runs_dir = runs_dir if runs_dir.is_absolute() else REPO / plan["runs_dir"]
         if args.runs_dir:
             self.runs_dir = Path(args.runs_dir)
         self.results = Path(args.results or REPO / plan["results"])
@@ -233,7 +235,8 @@ class Driver:
             with self.lock:
                 self.children.discard(p)
         return {"rc": p.returncode, "wall_seconds": round(time.time() - t0, 1),
-                "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
+                "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+                "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
 
 
     def stage(self, run: Run, d: Path, what: str, cmd: list, ledger: Optional[dict] = None,
@@ -266,7 +269,8 @@ class Driver:
                # only the newest checkpoint (for resuming) is kept: a full fine-tune's is 1.6 GB
                f"training.save_total_limit={1 if g['eval']['task'] == 'run' else 'null'}",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
-        self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd, {"resumed": has_ck}, t)
+        self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd,
+                   {"resumed": has_ck}, t)
 
     def prune(self, run: Run, d: Path) -> None:
         every = run.group["steps_per_epoch"]
@@ -548,8 +552,8 @@ class Driver:
         done = done_keys(self.results)
         # a finished run still owes its drafting and first-hop rows while its checkpoints are on disk
         # a group stopped by its own rule (its `stopped` key) trains no further run
-        todo = [r for r in runs if (r.key not in done and not r.group.get("stopped")) or (r.key in done and self.owes(r) and (
-            self.runs_dir / r.group["name"] / r.name / "eval").is_dir())]
+        todo = [r for r in runs if (r.key not in done and not r.group.get("stopped"))
+                or (r.key in done and self.owes(r) and (self.runs_dir / r.group["name"] / r.name / "eval").is_dir())]
         active: list[threading.Thread] = []
         while todo and not self.stopping:
             active = [t for t in active if t.is_alive()]
@@ -583,7 +587,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml")
     ap.add_argument("--group", action="append", default=None, help="only these groups (repeatable)")
     ap.add_argument("--only", action="append", default=None,
-                    help="only runs matching these patterns, e.g. mutor_s0, 'gsm-smollm2-lora/*_s0', 'rg-*/*' (repeatable)")
+                    help="only runs matching these patterns, e.g. mutor_s0, 'gsm-smollm2-lora/*_s0', 'rg-*/*' "
+                         "(repeatable)")
     ap.add_argument("--slots", type=int, default=2, help="runs side by side (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1)")
     ap.add_argument("--runs-dir", default=None, help="where run directories go (default: the plan's runs_dir)")
@@ -595,7 +600,8 @@ def main(argv=None) -> int:
                          "file; off by default")
     ap.add_argument("--list", action="store_true", help="print the plan and what is done, run nothing")
     ap.add_argument("--redraft", action="store_true",
-                    help="measure drafting again with this code on the finished MuToR runs still on disk, train nothing")
+                    help="measure drafting again with this code on the finished MuToR runs still on disk, "
+                         "train nothing")
     ap.add_argument("--retrain", action="store_true",
                     help="with --redraft: train again the runs whose checkpoint is gone (a new machine), checking that "
                          "the final training loss equals the row's, then measure drafting")

@@ -75,7 +75,8 @@ def generations(row: dict, runs_dir: Path, results: Path = HERE / "results.jsonl
     if kept.is_file():
         with gzip.open(kept, "rt") as f:
             return [json.loads(x) for x in f if x.strip()]
-    gens = runs_dir / row["group"] / row["run"] / "eval" / row["task"] / row["selected_checkpoint"] / "test" / "generations.jsonl"
+    gens = (runs_dir / row["group"] / row["run"] / "eval" / row["task"] / row["selected_checkpoint"] / "test"
+            / "generations.jsonl")
     if not gens.is_file():
         raise SystemExit(f"{row['group']}/{row['run']}: neither {kept} nor {gens} exists: is --runs-dir the runs' "
                          "directory (and the run evaluated)? A row without a kept copy has its generations only there "
@@ -100,13 +101,15 @@ def tally(rows: list[dict], runs_dir: Path, words: bool = False, results: Path =
 
 def table(tallies: dict) -> str:
     lengths = sorted({n for t in tallies.values() for n in t["by_items"]})
-    out = ["| method | runs | answers | " + " | ".join(KINDS) + " | EM % by items: " + ", ".join(map(str, lengths)) + " |",
+    out = ["| method | runs | answers | " + " | ".join(KINDS) + " | EM % by items: "
+           + ", ".join(map(str, lengths)) + " |",
            "|---|---|---|" + "---|" * (len(KINDS) + 1)]
     for label, t in tallies.items():
         total = sum(t["kinds"].values())
         by = ", ".join(f"{100 * t['by_items'][n][0] / t['by_items'][n][1]:.0f}" if t["by_items"][n][1] else "-"
                        for n in lengths)
-        out.append(f"| {label} | {t['runs']} | {total} | " + " | ".join(str(t["kinds"][k]) for k in KINDS) + f" | {by} |")
+        kinds = " | ".join(str(t["kinds"][k]) for k in KINDS)
+        out.append(f"| {label} | {t['runs']} | {total} | {kinds} | {by} |")
     return "\n".join(out)
 
 

@@ -36,7 +36,8 @@ def teacher_forced(model, prompt: list[int], answer: list[int]) -> tuple[list[in
     (:func:`mutor.generation.forward.teacher_forced_drafts`)."""
     from mutor.generation.forward import teacher_forced_drafts
 
-    ntp, drafts = teacher_forced_drafts(model, prompt, answer, model.mutor_config.d_max - 1)  # drafts[j][d-2]: answer[j+d-1]
+    # drafts[j][d-2]: answer[j+d-1]
+    ntp, drafts = teacher_forced_drafts(model, prompt, answer, model.mutor_config.d_max - 1)
     offsets = range(2, model.mutor_config.d_max + 1)
     return ntp, {d: [drafts[i - d + 1][d - 2] if i - d + 1 >= 0 else None for i in range(len(answer))] for d in offsets}
 

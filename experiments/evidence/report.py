@@ -375,7 +375,8 @@ def drafting_table(drafts: list[dict]) -> str:
     if not drafts:
         return ""
     ks = sorted({k for d in drafts for k in d["drafting"]}, key=lambda k: (k == "K=auto", k))
-    head = ["group", "run", "prompts", "dtype", "timing (other processes' CPU, cores)", "drafting code", "greedy tok/s"] + \
+    head = ["group", "run", "prompts", "dtype", "timing (other processes' CPU, cores)", "drafting code",
+            "greedy tok/s"] + \
            [f"{k}: tok/fwd, tok/s, x greedy" for k in ks] + ["acceptance d=2..d_max (longest K)",
                                                               "prompts differing from greedy (most over K)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -384,7 +385,8 @@ def drafting_table(drafts: list[dict]) -> str:
         if (d.get("machine") or {}).get("others_cpu_cores") is not None:       # in the rows that record it
             timing += f" ({d['machine']['others_cpu_cores']:.1f})"
         again = d.get("retrained")                                             # driver.py --redraft --retrain
-        run = d["run"] + ("" if not again else " (trained again)" if again["reproduced"] else " (trained again, NOT the row's weights)")
+        run = d["run"] + ("" if not again else " (trained again)" if again["reproduced"]
+                          else " (trained again, NOT the row's weights)")
         cells = [d["group"], run, str(d["prompts"]), d["dtype"], timing, d.get("drafting_code", d.get("code", "-")),
                  f"{d['greedy']['tokens_per_s']:.1f}"]
         for k in ks:
@@ -412,7 +414,8 @@ def _uninformative(plan: Path) -> dict:
     """Group name -> why its comparison says nothing: the plan's ``uninformative`` block (found after the fact)
     and the groups stopped by their own rule (their ``stopped`` key)."""
     p = _plan(plan)
-    return {**(p.get("uninformative") or {}), **{g["name"]: g["stopped"] for g in p.get("groups", []) if g.get("stopped")}}
+    stopped = {g["name"]: g["stopped"] for g in p.get("groups", []) if g.get("stopped")}
+    return {**(p.get("uninformative") or {}), **stopped}
 
 
 def references(plan: Path) -> dict:
@@ -469,13 +472,14 @@ def first_hop_table(hops: list[dict]) -> str:
 
 def grad_share_table(rows: list[dict]) -> str:
     """How much of a MuToR run's AdamW step goes to next-token prediction (grad_share.jsonl), per checkpoint."""
-    out = ["| group | run | checkpoint | a | gradient norm: (1-a)·L_ntp, a·L_reg | cosine (mean gradients; per batch) | "
-           "next-token part of the step / next-token training's | whole step along next-token's |",
+    out = ["| group | run | checkpoint | a | gradient norm: (1-a)·L_ntp, a·L_reg "
+           "| cosine (mean gradients; per batch) "
+           "| next-token part of the step / next-token training's | whole step along next-token's |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['group']} | {r['run']} | {r['checkpoint']} | {r['loss_weight']} | {r['ntp_grad_norm']:.3f}, "
-                   f"{r['reg_grad_norm']:.3f} | {r['cosine']:+.2f}; {r['batch_cosine']:+.2f} | {r['ntp_step_ratio']:.2f} | "
-                   f"{r['step_along_ntp']:.2f} |")
+                   f"{r['reg_grad_norm']:.3f} | {r['cosine']:+.2f}; {r['batch_cosine']:+.2f} "
+                   f"| {r['ntp_step_ratio']:.2f} | {r['step_along_ntp']:.2f} |")
     return "\n".join(out)
 
 
@@ -483,8 +487,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
     ap.add_argument("--plan", type=Path, default=HERE / "plan.yaml",
-                    help="its `uninformative` groups are marked, its groups' `reference` and `also_against` followed, its "
-                         "`tasks` block lays out the at-a-glance table")
+                    help="its `uninformative` groups are marked, its groups' `reference` and `also_against` followed, "
+                         "its `tasks` block lays out the at-a-glance table")
     ap.add_argument("--readme", nargs="+", default=[], metavar="FILE",
                     help=f"write the generated blocks where these files mark them: the rows between {BEGIN} and "
                          f"{END} (one file must have them), the at-a-glance table between {GLANCE[0]} and "
@@ -516,8 +520,9 @@ def main(argv=None) -> int:
                "can differ from greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:
-        md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning (experiments/evidence/"
-               "first_hop.py: teacher-forced on the run's held-out graphs, in %; a register d tokens back sees the "
+        md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning "
+               "(experiments/evidence/first_hop.py: teacher-forced on the run's held-out graphs, in %; "
+               "a register d tokens back sees the "
                "source and no token of the hop; a coin flip between two arms scores 50):\n\n" + first_hop_table(hops))
     shares = load(args.results.with_name("grad_share.jsonl"))
     if shares:

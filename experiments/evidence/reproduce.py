@@ -97,7 +97,8 @@ def compare(committed: dict, fresh: dict, splits: Optional[list[str]] = None,
         mf = sum(f) / len(f)
         same = sum(a == b for a, b in zip(c, f))
         ca, fa = (committed_answers or {}).get(split), (fresh_answers or {}).get(split)
-        answers = sum(a == b for a, b in zip(ca, fa)) if ca is not None and fa is not None and len(ca) == len(fa) else None
+        comparable = ca is not None and fa is not None and len(ca) == len(fa)
+        answers = sum(a == b for a, b in zip(ca, fa)) if comparable else None
         status = "identical" if same == len(c) else "within tolerance" if abs(mf - mc) <= half else "NOT reproduced"
         measure = "exact match (points)" if committed.get("primary", "accuracy") == "accuracy" else \
             f"{committed['primary'].replace('_', ' ')} (points)"

@@ -108,7 +108,9 @@ def table(rows: list[dict]) -> str:
         def acc(r):
             if not r or r.get("accuracy") is None:
                 return "-"
-            return f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}" if r["accuracy"] else f"0 (< {300 / r['n']:.0f} at 95%)"
+            if not r["accuracy"]:
+                return f"0 (< {300 / r['n']:.0f} at 95%)"
+            return f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}"
 
         def los(r):
             return f"{r['answer_loss']:.4f} ± {r['answer_loss_se']:.4f}" if r.get("answer_loss") else "-"

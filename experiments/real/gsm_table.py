@@ -29,7 +29,8 @@ def _time_file(path: Path) -> dict:
     text = path.read_text()
     cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", text))
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    return {"train_cpu_seconds": round(cpu, 1), "train_peak_rss_gb": round(int(rss.group(1)) / 2**20, 2) if rss else None}
+    return {"train_cpu_seconds": round(cpu, 1),
+            "train_peak_rss_gb": round(int(rss.group(1)) / 2**20, 2) if rss else None}
 
 
 def _last_ntp(summary: dict, steps: int) -> float:
@@ -82,7 +83,8 @@ def base_rows(eval_dir: Path, losses_file: Path) -> list[dict]:
             rows.append({"method": f"base ({prefix} prompt)", "seed": "-", "split": split,
                          "n": e["n"] if e else None, "accuracy": e["metrics"]["accuracy"] if e else None,
                          "accuracy_se": round(100 * math.sqrt(max(p * (1 - p), 1e-12) / e["n"]), 2) if e else None,
-                         "answer_loss": loss["answer_loss"] if loss else None, "answer_loss_se": loss["se"] if loss else None,
+                         "answer_loss": loss["answer_loss"] if loss else None,
+                         "answer_loss_se": loss["se"] if loss else None,
                          "train_ntp_loss_last25": "-", "train_steps": 0, "run": "base"})
     return rows
 
@@ -95,7 +97,8 @@ def table(rows: list[dict]) -> str:
     for m, sd in runs:
         by = {r["split"]: r for r in rows if r["method"] == m and r["seed"] == sd}
         t, nt = by.get("test", {}), by.get("test_new_templates", {})
-        acc = lambda r: ("-" if not r or r.get("accuracy") is None else f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}" if r["accuracy"]  # noqa: E731
+        acc = lambda r: ("-" if not r or r.get("accuracy") is None  # noqa: E731
+                         else f"{r['accuracy']:.0f} ± {r['accuracy_se']:.1f}" if r["accuracy"]
                          else f"0 (< {300 / r['n']:.0f} at 95%)")
         los = lambda r: f"{r['answer_loss']:.4f} ± {r['answer_loss_se']:.4f}" if r.get("answer_loss") else "-"  # noqa: E731
         any_r = t or nt
@@ -141,7 +144,8 @@ def plot(rows: list[dict], path: str) -> None:
                 for k, r in enumerate(pts):
                     ax.errorbar(i + (j - 0.5) * 0.3 + 0.05 * k, r[metric], yerr=r[se], fmt="os"[j], color=f"C{j}",
                                 mfc="none", capsize=3, label=split if (i == 0 and k == 0) else None)
-        ax.set_xticks(range(len(methods)), [m.replace(" (", "\n(").replace(" prompt)", ")") for m in methods], fontsize=8)
+        ax.set_xticks(range(len(methods)), [m.replace(" (", "\n(").replace(" prompt)", ")") for m in methods],
+                      fontsize=8)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -2,8 +2,9 @@
 
     OMP_NUM_THREADS=1 nice -n 10 python experiments/star_graph/sweep.py NAME [key=value ...]
 
-Runs ``mutor.run.train.run_recipe("base.yaml", overrides)`` (base.yaml: the default recipe when the search began) (log lines, no progress bar) with checkpoints and
-TensorBoard under /work/exp/sg/NAME (or $SG_OUT/NAME), then appends one JSON line per method to
+Runs ``mutor.run.train.run_recipe("base.yaml", overrides)`` (base.yaml: the default recipe when the search
+began) (log lines, no progress bar) with checkpoints and TensorBoard under /work/exp/sg/NAME (or
+$SG_OUT/NAME), then appends one JSON line per method to
 ``experiments/star_graph/results.jsonl``: the overrides, steps, wall time, the final and best
 held-out solve rate / first hop, and the whole evaluation history (small). ``--resume``
 continues a run from its checkpoints (a long run can be stopped and started again).

@@ -14,14 +14,20 @@ from mutor.generation import DraftPolicy, FixedDraft, generate
 def logged(policy, log):
     told = policy.record
     def record(rows, seconds, prompt=False):
-        log.append((rows, seconds)); told(rows, seconds, prompt)
+        log.append((rows, seconds))
+        told(rows, seconds, prompt)
     policy.record = record
     return policy
 
-ap = argparse.ArgumentParser(); ap.add_argument("checkpoint"); ap.add_argument("--dtype"); ap.add_argument("--out")
-ap.add_argument("--task", default="reasoning_gym"); ap.add_argument("--limit", type=int, default=50)
+ap = argparse.ArgumentParser()
+ap.add_argument("checkpoint")
+ap.add_argument("--dtype")
+ap.add_argument("--out")
+ap.add_argument("--task", default="reasoning_gym")
+ap.add_argument("--limit", type=int, default=50)
 a = ap.parse_args()
-ns = argparse.Namespace(checkpoint=a.checkpoint, dtype=a.dtype, task=a.task, split="validation", data=None, limit=a.limit, max_new_tokens=None)
+ns = argparse.Namespace(checkpoint=a.checkpoint, dtype=a.dtype, task=a.task, split="validation", data=None,
+                        limit=a.limit, max_new_tokens=None)
 with torch.no_grad():
     model, tok, prompts, n_new, mode = _load(ns)
     logs = {"K=4": [], "auto": [], "K=1": []}

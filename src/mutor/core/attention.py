@@ -146,7 +146,8 @@ def split_sdpa_attention(module, query, key, value, attention_mask, dropout: flo
     # full-size one per slice, summed
     (q_t, q_r), (k_t, k_r), (v_t, v_r) = (x.split([T, R], dim=2) for x in (query, key, value))  # (B, H, T|R, D)
     if attention_mask.data_ptr() in state.causal_masks:
-        out_t = F.scaled_dot_product_attention(q_t, k_t, v_t, dropout_p=p, scale=scaling, is_causal=True)  # (B, H, T, D)
+        out_t = F.scaled_dot_product_attention(q_t, k_t, v_t, dropout_p=p, scale=scaling,
+                                               is_causal=True)                 # (B, H, T, D)
     else:
         out_t = F.scaled_dot_product_attention(q_t, k_t, v_t, attn_mask=attention_mask[:, :, :T, :T], dropout_p=p,
                                                scale=scaling)                                   # (B, H, T, D)
@@ -166,6 +167,7 @@ def split_sdpa_attention(module, query, key, value, attention_mask, dropout: flo
 
 
 def register() -> None:
+    """Register the split attention with transformers' ``AttentionInterface`` (once; later calls do nothing)."""
     from transformers import AttentionInterface
 
     if SPLIT_ATTENTION not in AttentionInterface._global_mapping:

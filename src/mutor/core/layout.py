@@ -321,7 +321,8 @@ def _eligible_sources(config: OffsetConfig, s: "_RegularStream", offset_index: t
     eligible = _target_in_document(s, d)
     if config.register_placement == "within_answer":                                 # paper 3.3
         next_supervised = torch.zeros_like(s.supervised)
-        next_supervised[:, :-1] = s.supervised[:, 1:] & (s.doc[:, 1:] == s.doc[:, :-1])  # (B, T): x_{t+1} is an answer token
+        # (B, T): x_{t+1} is an answer token
+        next_supervised[:, :-1] = s.supervised[:, 1:] & (s.doc[:, 1:] == s.doc[:, :-1])
         eligible &= next_supervised
     if config.loss_weight == 0:
         eligible = torch.zeros_like(eligible)     # a=0: registers would cost compute and teach nothing

@@ -35,6 +35,7 @@ class PaddingCollator:
     pad_token_id: int = 0
 
     def __call__(self, features: Sequence[dict]) -> dict:
+        """Collate ``features`` into right-padded ``(B, T)`` tensors; raise ``ValueError`` on a malformed example."""
         if not features:
             raise ValueError("cannot collate an empty list of examples")
         for f in features:

@@ -68,6 +68,7 @@ _LAZY = {
 
 
 def register_task(name: str) -> Callable[[Callable[..., TrainingData]], Callable[..., TrainingData]]:
+    """Decorator that registers a ``(options, tokenizer, seed) -> TrainingData`` builder as data task ``name``."""
     def deco(fn: Callable[..., TrainingData]) -> Callable[..., TrainingData]:
         _BUILDERS[name] = fn
         return fn
@@ -76,11 +77,26 @@ def register_task(name: str) -> Callable[[Callable[..., TrainingData]], Callable
 
 
 def registered_tasks() -> list[str]:
+    """The names of every data task, built in or registered, sorted."""
     return sorted(set(_BUILDERS) | set(_LAZY))
 
 
 def build_training_data(name: str, options: Optional[dict] = None, tokenizer: Any = None,
                         seed: int = 0) -> TrainingData:
+    """Build the training (and evaluation) data of task ``name``.
+
+    Args:
+        name: A registered data task (see :func:`registered_tasks`).
+        options: The task's options (the recipe's ``data`` block).
+        tokenizer: The tokenizer text tasks encode with; ``None`` for tasks with their own vocabulary.
+        seed: Seed for sampling and shuffling.
+
+    Returns:
+        The task's :class:`TrainingData`.
+
+    Raises:
+        ValueError: ``name`` is not a known task.
+    """
     if name not in _BUILDERS and name in _LAZY:
         importlib.import_module(_LAZY[name])
     if name not in _BUILDERS:

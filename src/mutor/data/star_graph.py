@@ -98,7 +98,8 @@ def evaluate(base, examples: Sequence[Example], batch_size: int = 256, records: 
             gen = (out[:, ids.shape[1]:] - NUM_SPECIAL).cpu().tolist()
             for ex, g in zip(chunk, gen):
                 scores = path_scores(ex, tuple(g))
-                exact, hop, valid = exact + scores["solve_rate"], hop + scores["first_hop"], valid + scores["valid_path"]
+                exact, hop = exact + scores["solve_rate"], hop + scores["first_hop"]
+                valid += scores["valid_path"]
                 if records is not None:
                     records.append({"source": ex.source, "goal": ex.goal, "reference": list(ex.path),
                                     "prediction": list(g), **scores})

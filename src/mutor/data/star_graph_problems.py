@@ -50,22 +50,27 @@ class StarGraphShape:
 
     @property
     def nodes_per_graph(self) -> int:
+        """Nodes in one graph: the source plus ``degree`` arms of ``path_len - 1`` nodes."""
         return self.degree * (self.path_len - 1) + 1
 
     @property
     def num_edges(self) -> int:
+        """Edges in one graph (each arm is a chain from the source)."""
         return self.degree * (self.path_len - 1)
 
     @property
     def vocab_size(self) -> int:
+        """Tokens in the vocabulary: the special tokens, then one per node label."""
         return NUM_SPECIAL + self.num_nodes
 
     @property
     def prompt_len(self) -> int:
+        """Tokens in a prompt: the edges joined by ``|``, then ``/``, source, goal and ``=``."""
         return 3 * self.num_edges - 1 + 1 + 3        # edges joined by '|', then '/', s, g, '='
 
     @property
     def seq_len(self) -> int:
+        """Tokens in a whole example: the prompt and the ``path_len`` nodes of the answer path."""
         return self.prompt_len + self.path_len
 
 
@@ -84,6 +89,7 @@ class Example:
         return (tuple(sorted(self.edges)), self.source, self.goal)
 
     def prompt_ids(self) -> list[int]:
+        """The prompt's token ids: the edges in prompt order, then the query (source, goal) and ``=``."""
         ids: list[int] = []
         for i, (u, v) in enumerate(self.edges):
             if i:
@@ -92,14 +98,17 @@ class Example:
         return ids + [QUERY_SEP, NUM_SPECIAL + self.source, NUM_SPECIAL + self.goal, ANSWER_SEP]
 
     def answer_ids(self) -> list[int]:
+        """The answer's token ids: the path from source to goal."""
         return [NUM_SPECIAL + n for n in self.path]
 
     def text(self) -> str:
+        """The example as text, e.g. ``3,5|1,2|5,7|3,1/3,7=3,5,7``: edges, source and goal, then the path."""
         edges = "|".join(f"{u},{v}" for u, v in self.edges)
         return f"{edges}/{self.source},{self.goal}=" + ",".join(str(n) for n in self.path)
 
 
 def sample_example(shape: StarGraphShape, rng: random.Random) -> Example:
+    """Draw one graph of ``shape``: random node labels, edges in random order, and a random arm as the goal."""
     nodes = rng.sample(range(shape.num_nodes), shape.nodes_per_graph)
     source, rest = nodes[0], nodes[1:]
     arms = [rest[i * (shape.path_len - 1):(i + 1) * (shape.path_len - 1)] for i in range(shape.degree)]

@@ -88,7 +88,8 @@ def evaluate(model, tokenizer, examples: Sequence[Example], batch_size: int = 64
             for ex, text in zip(chunk, texts):
                 path = parse_path(text)
                 scores = path_scores(ex, path)
-                exact, hop, valid = exact + scores["solve_rate"], hop + scores["first_hop"], valid + scores["valid_path"]
+                exact, hop = exact + scores["solve_rate"], hop + scores["first_hop"]
+                valid += scores["valid_path"]
                 if records is not None:
                     records.append({"prompt": render(ex)[0], "generation": text, "reference": list(ex.path),
                                     "prediction": list(path), **scores})

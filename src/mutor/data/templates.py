@@ -65,6 +65,7 @@ class TextTemplate:
     notes: str = ""
 
     def has_split(self, role: str) -> bool:
+        """Whether the task has a Hub split for ``role`` (``"train"``, ``"validation"`` or ``"test"``)."""
         return self.splits.get(role) is not None
 
 
@@ -130,6 +131,7 @@ _add(TextTemplate(
 
 
 def get_template(name: str) -> TextTemplate:
+    """The built-in text task ``name``; raise ``ValueError`` naming the known tasks if there is none."""
     try:
         return TEMPLATES[name]
     except KeyError:
@@ -145,6 +147,7 @@ def _format(fmt: str, ex: dict, template: TextTemplate, what: str) -> str:
 
 
 def render_prompt(template: TextTemplate, ex: dict) -> str:
+    """The prompt ``template`` renders for example ``ex``; raise ``ValueError`` naming a missing column."""
     return _format(template.prompt, ex, template, "prompt")
 
 
@@ -154,4 +157,5 @@ def render_completion(template: TextTemplate, ex: dict) -> str:
 
 
 def reference_answer(template: TextTemplate, ex: dict) -> str:
+    """The gold answer of example ``ex`` that the task's metric compares generations against."""
     return str(ex[template.answer_field])

@@ -202,6 +202,7 @@ def _load_hub_dataset(hub_id: str, hub_config: Optional[str], split: Optional[st
 
 
 def need_tokenizer(tokenizer, task: str):
+    """Raise ``ValueError`` unless ``tokenizer`` exists and has an eos token, as text task ``task`` needs."""
     if tokenizer is None:
         raise ValueError(f"task {task!r} needs a tokenizer: set model.tokenizer (or model.name_or_path)")
     if tokenizer.eos_token_id is None:
@@ -428,6 +429,7 @@ def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: 
 
 
 def pad_id_of(tokenizer) -> int:
+    """The tokenizer's padding id: its pad token, else its eos token."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 

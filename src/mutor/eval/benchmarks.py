@@ -73,6 +73,7 @@ BENCHMARKS: dict[str, Benchmark] = {}
 
 
 def register_benchmark(name: str, benchmark: Benchmark) -> None:
+    """Make ``benchmark`` available as ``mutor eval --task name`` (replacing one of that name)."""
     BENCHMARKS[name] = benchmark
 
 
@@ -125,6 +126,7 @@ register_benchmark("reasoning_gym", _reasoning_gym_benchmark())
 
 
 def get_benchmark(name: str) -> Benchmark:
+    """The registered benchmark ``name``; raise ``ValueError`` naming the known ones if there is none."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown eval task {name!r}; known: {sorted(BENCHMARKS)}")
     return BENCHMARKS[name]

@@ -264,7 +264,8 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
     if primary in metrics:
         metrics.remove(primary)
         metrics.insert(0, primary)
-    header = ["method", "steps"] + metrics + (["best " + primary] if primary else []) + ["train loss (own objective)", "wall s"]
+    header = (["method", "steps"] + metrics + (["best " + primary] if primary else [])
+              + ["train loss (own objective)", "wall s"])
     rows = []
     for run in runs:
         fin = final_eval(run)

@@ -125,8 +125,9 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     ``model_and_tokenizer`` gives it, already placed. ``draft_registers`` K or ``"auto"``: decode one example at a
     time with the run's registers drafting offsets 2..K (``"auto"``: a draft length per step, for speed;
     :mod:`mutor.generation`, the same tokens as greedy decoding), and record the drafting statistics in the
-    summary. ``decode(prompt_ids, max_new_tokens, eos_id)`` replaces batched greedy decoding. ``scorer`` (``module:function``, :func:`~mutor.eval.benchmarks.load_scorer`)
-    replaces the benchmark's metric; ``data_label`` is how errors name ``data`` (``--data``, ``--val-data``).
+    summary. ``decode(prompt_ids, max_new_tokens, eos_id)`` replaces batched greedy decoding. ``scorer``
+    (``module:function``, :func:`~mutor.eval.benchmarks.load_scorer`) replaces the benchmark's metric;
+    ``data_label`` is how errors name ``data`` (``--data``, ``--val-data``).
 
     Own-data tasks (``prompt_completion``, ``chat``) render prompts with the run's own templates, read from the
     ``recipe.yaml`` of the run ``model_path`` belongs to, and score its ``data.eval_path`` rows unless ``data``
@@ -261,7 +262,10 @@ def summary_markdown(summaries: list[dict]) -> str:
 
 
 def list_checkpoints(run_dir: str) -> list[Path]:
-    """A run's ``checkpoint-<step>`` directories in step order; a path that does not exist is named as ``--checkpoints``."""
+    """A run's ``checkpoint-<step>`` directories in step order.
+
+    A path that does not exist is named as ``--checkpoints`` in the error.
+    """
     if not Path(run_dir).exists():
         raise FileNotFoundError(f"--checkpoints {str(run_dir)!r} does not exist")
     ck = [p for p in Path(run_dir).glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+", p.name)]

@@ -55,6 +55,7 @@ def extract_gsm8k(text: str) -> Optional[str]:
 
 
 def gsm8k_correct(generation: str, reference: str) -> bool:
+    """Whether the generation's answer equals the reference's as numbers (see :func:`extract_gsm8k`)."""
     pred, gold = extract_gsm8k(generation), extract_gsm8k(reference)
     return pred is not None and gold is not None and _to_fraction(pred) == _to_fraction(gold)
 
@@ -100,6 +101,7 @@ def math_correct(generation: str, reference: str) -> bool:
 
 
 def extract_choice(text: str, letters: str = "ABCDE") -> Optional[str]:
+    """The option letter a generation picks: the last "answer is (X)", else the last "X)", else None."""
     if text is None:
         return None
     found = re.findall(rf"answer is\s*:?\s*\(?([{letters}])\b", text, flags=re.IGNORECASE)
@@ -110,6 +112,7 @@ def extract_choice(text: str, letters: str = "ABCDE") -> Optional[str]:
 
 
 def aqua_correct(generation: str, reference: str) -> bool:
+    """Whether the generation's chosen option letter matches the reference's first letter (AQuA-RAT)."""
     pred = extract_choice(generation)
     return pred is not None and pred == reference.strip().upper()[:1]
 

@@ -36,9 +36,10 @@ from .stats import DraftStats
 SIGNATURE = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")
 MODEL_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep",
                 "cache_position"}        # what generate prepares for a causal LM; the drafter makes its own
+DraftRegisters = Union[str, int, DraftPolicy, FixedDraft]   # "auto", a fixed K, or a policy to keep using
 
 
-def make_policy(draft_registers, k_max: int, settings: Optional[DraftSettings] = None):
+def make_policy(draft_registers: DraftRegisters, k_max: int, settings: Optional[DraftSettings] = None):
     """The draft policy ``draft_registers`` names: ``"auto"`` / None: a :class:`DraftPolicy` up to ``k_max``; an
     integer K: a :class:`FixedDraft`; a policy instance (anything with the policy's ``plan``): itself (what it
     learned carries over).
@@ -136,8 +137,8 @@ class RegisterDrafter:
     """
 
     def __init__(self, mutor_config: MuToRConfig, weights: torch.Tensor, signature: Optional[dict], source: str,
-                 draft_registers="auto", settings: Optional[DraftSettings] = None, prefix_attention: str = "causal",
-                 model: Optional[MuToRModel] = None):
+                 draft_registers: DraftRegisters = "auto", settings: Optional[DraftSettings] = None,
+                 prefix_attention: str = "causal", model: Optional[MuToRModel] = None):
         if mutor_config.is_2d:
             raise ValueError(f"{source}: drafting with registers uses 1D offsets; this run was trained with 2D "
                              "offsets (d_max_2d)")
@@ -149,8 +150,10 @@ class RegisterDrafter:
         self._wrapped: Optional[tuple[weakref.ref, MuToRModel]] = None
 
     @classmethod
-    def from_pretrained(cls, run_or_model: Union[str, os.PathLike, MuToRModel], draft_registers="auto",
-                        settings: Optional[DraftSettings] = None, prefix_attention: str = "causal") -> "RegisterDrafter":
+    def from_pretrained(cls, run_or_model: Union[str, os.PathLike, MuToRModel],
+                        draft_registers: DraftRegisters = "auto",
+                        settings: Optional[DraftSettings] = None,
+                        prefix_attention: str = "causal") -> "RegisterDrafter":
         """The registers of a MuToR checkpoint directory (its sidecar only: no model is loaded) or of a
         :class:`~mutor.MuToRModel`.
 
@@ -283,7 +286,7 @@ def generate(
     model: Union[MuToRModel, str, os.PathLike],
     input_ids: torch.Tensor,
     max_new_tokens: int = 64,
-    draft_registers=None,
+    draft_registers: Optional[DraftRegisters] = None,
     eos_token_id: Optional[Union[int, list[int]]] = None,
     prefix_attention: Optional[str] = None,
     do_sample: bool = False,

@@ -65,9 +65,13 @@ class Rows:
 class Target(Protocol):
     """The model side of a round (:class:`~mutor.generation.forward.ModelForward`, or a recorded trace)."""
 
-    def forward(self, feed: Feed) -> Rows: ...
+    def forward(self, feed: Feed) -> Rows:
+        """Run one forward over ``feed`` (its tokens join the cache) and return its logits."""
+        ...
 
-    def keep(self, length: int) -> None: ...
+    def keep(self, length: int) -> None:
+        """Keep the cache's first ``length`` entries (the kept tokens), dropping registers and rejected drafts."""
+        ...
 
 
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

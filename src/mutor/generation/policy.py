@@ -300,7 +300,8 @@ class DraftPolicy:
             tokens, seconds = self._yield(c[0], c[1], self.acceptance, c[0] - 1)
             return seconds - tokens / self.rate(*b)
         best = max(candidates, key=lambda c: value(c, False))
-        untried = [c for c in candidates[1:] if self.costs.measured.get(rows(c[0], c[0] - 1, c[1]), 0) < self.settings.trust]
+        untried = [c for c in candidates[1:]
+                   if self.costs.measured.get(rows(c[0], c[0] - 1, c[1]), 0) < self.settings.trust]
         if best in untried:                                # fewest rows first: its cost bounds the larger ones'
             bar = max(value(c, False) for c in candidates if c not in untried)
             best = min((c for c in untried if value(c, False) > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))

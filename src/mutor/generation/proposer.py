@@ -13,9 +13,11 @@ the acceptance is learned without feeding anything: a plain round settles the dr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 import torch
+
+from .policy import DraftPolicy, FixedDraft
 
 
 @dataclass
@@ -63,11 +65,17 @@ class Outcome:
 class Proposer(Protocol):
     """Proposes each round's draft and learns from what was accepted (:class:`RegisterProposer`)."""
 
-    def propose(self, room: int, eos: set[int], prompt: bool) -> Proposal: ...
+    def propose(self, room: int, eos: set[int], prompt: bool) -> Proposal:
+        """This round's feed: the draft to verify (at most ``room`` tokens, up to an eos) and its registers."""
+        ...
 
-    def update(self, proposal: Proposal, outcome: Outcome) -> None: ...
+    def update(self, proposal: Proposal, outcome: Outcome) -> None:
+        """Learn from a round: its cost, how much of its draft was kept, and the registers' next draft."""
+        ...
 
-    def finish(self) -> None: ...
+    def finish(self) -> None:
+        """Decoding ended: settle what the unfinished rounds showed."""
+        ...
 
 
 def until_end(draft: list[int], eos: set[int], room: int, sampled: bool = False) -> tuple[list[int], bool]:
@@ -93,7 +101,7 @@ class RegisterProposer:
             only, since a sampled draft cannot be checked against tokens sampled independently).
     """
 
-    def __init__(self, policy, sampled: bool = False):
+    def __init__(self, policy: Union[DraftPolicy, FixedDraft], sampled: bool = False):
         self.policy, self.sampled = policy, sampled
         self.draft: list[int] = []
         self.q: Optional[torch.Tensor] = None

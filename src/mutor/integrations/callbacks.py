@@ -53,9 +53,11 @@ class TaskEvalCallback(TrainerCallback):
             control.should_log = due
 
     def on_train_begin(self, args, state, control, **kwargs):
+        """Evaluate the task on the starting weights (step 0)."""
         self._run(state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
+        """Evaluate the task every ``task_eval_steps`` (else ``eval_steps``) steps and at the last step."""
         steps = mutor_option(args, "task_eval_steps")
         every = eval_interval(args.eval_steps if steps is None else steps, state.max_steps)
         if (every and state.global_step % every == 0) or state.global_step >= state.max_steps:
@@ -66,6 +68,7 @@ class LogLastStep(TrainerCallback):
     """Log at the last step too, so a run shorter than ``logging_steps`` records its training loss."""
 
     def on_step_end(self, args, state, control, **kwargs):
+        """Ask for a log at the last step."""
         if state.global_step >= state.max_steps and args.logging_strategy != "no":
             control.should_log = True
 
@@ -77,6 +80,7 @@ class LossSumInCheckpoint(TrainerCallback):
         self.trainer = trainer
 
     def on_save(self, args, state, control, **kwargs):
+        """Write the training-loss sum so far into the checkpoint just saved (``TRAIN_LOSS_FILE``)."""
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if args.should_save and folder.is_dir():
             t = self.trainer

@@ -252,6 +252,7 @@ class MuToRTrainer(Trainer):
 
     # --------------------------------------------------------------- the loss
     def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """Trainer's micro-batches of one optimizer step; under a training wrapper the first carries them all."""
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if batch_samples and self.training_wrapper() is not None:
             # counted at the step's first training_step, not here: on resume, Trainer restores the RNG states
@@ -260,6 +261,7 @@ class MuToRTrainer(Trainer):
         return batch_samples, num_items_in_batch
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        """Trainer's training step; on a step's first micro-batch, :meth:`count_registers` runs first."""
         if STEP_BATCHES in inputs:
             self.count_registers(inputs[STEP_BATCHES])
         return super().training_step(model, inputs, num_items_in_batch)
@@ -288,6 +290,7 @@ class MuToRTrainer(Trainer):
         return n
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Trainer's loss, with MuToR's loss sums and counts accumulated for the logs and evaluation."""
         mode = "train" if model.training else "eval"
         if self.training_wrapper() is None:
             targets = self._next_token_targets(inputs) if mode == "eval" else None   # before label smoothing pops
@@ -332,6 +335,7 @@ class MuToRTrainer(Trainer):
             s["k_acc"] = s["k_acc"] + out.reg_hits_per_offset.float().cpu()
 
     def log(self, logs: dict, start_time: Optional[float] = None) -> None:
+        """Trainer's log, with a training log's window of MuToR means added (and the window restarted)."""
         if "loss" in logs:                       # a training log: the window's means, and a new window
             logs.update(self._window_logs(self._sums["train"]))
             self._sums["train"] = defaultdict(float)

@@ -39,6 +39,7 @@ class Method:
 
     @property
     def config_class(self) -> type:
+        """The method's config dataclass (its wrapper's ``config_class``)."""
         return self.wrapper_class.config_class
 
     @property
@@ -83,6 +84,7 @@ def register_method(method: Method) -> Method:
 
 
 def method_names() -> tuple[str, ...]:
+    """The names of the registered methods, in registration order."""
     return tuple(METHODS)
 
 

@@ -184,7 +184,8 @@ def gguf_parameter_count(path: Path) -> int:
     try:
         return int(sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors))
     except Exception as err:
-        raise MutorUserError(f"{path}: not a readable GGUF file ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise MutorUserError(f"{path}: not a readable GGUF file ({reason})") from None
 
 
 def dir_parameter_count(path: Path) -> Optional[int]:

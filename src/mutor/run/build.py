@@ -95,6 +95,19 @@ def _positions(model: torch.nn.Module, m, task: TrainingData) -> torch.nn.Module
 
 
 def apply_lora(base: torch.nn.Module, lora: Optional[dict]) -> torch.nn.Module:
+    """Wrap ``base`` in peft LoRA adapters configured by the recipe's ``lora`` block (``base`` itself when empty).
+
+    Args:
+        base: The model to adapt.
+        lora: ``peft.LoraConfig`` fields (``task_type`` defaults to ``CAUSAL_LM``); None or empty: no LoRA.
+
+    Returns:
+        The peft model, or ``base``.
+
+    Raises:
+        ImportError: peft is not installed.
+        MutorUserError: peft refuses the ``lora`` block (its own message).
+    """
     if not lora:
         return base
     try:
@@ -148,6 +161,7 @@ def training_arguments(training: dict, seed: int, output_dir: Path, grad_clip: O
 
 
 def count_parameters(model: torch.nn.Module) -> dict:
+    """The model's parameter counts: ``{"total": ..., "trainable": ...}``."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return {"total": total, "trainable": trainable}

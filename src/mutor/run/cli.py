@@ -29,6 +29,7 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``mutor`` argument parser, with a subparser per command."""
     parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of user errors too (also MUTOR_DEBUG=1)")
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``mutor`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status (2 on a user error)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(None if argv is None else [str(a) for a in argv])
     if extra:   # key=value overrides may follow options: `mutor train R --quiet a.b=1`

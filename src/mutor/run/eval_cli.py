@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    """Add the ``mutor eval`` and ``mutor compare`` subparsers to ``sub``."""
     from ..core.config import PREFIX_ATTENTION
     from ..eval.benchmarks import BENCHMARKS
     from ..models.loading import DTYPES
@@ -73,6 +74,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``mutor eval`` or ``mutor compare`` on parsed ``args``; return the exit status."""
     if args.command == "compare":
         return _compare(args)
     if not args.quiet:

@@ -230,6 +230,7 @@ class Recipe:
     # ------------------------------------------------------------ typed views
     @property
     def methods(self) -> list[str]:
+        """The methods the recipe trains, as a list (``method`` may be one name or several)."""
         return list(self.method) if isinstance(self.method, (list, tuple)) else [self.method]
 
     def method_config(self, method: str, task_settings: Optional[dict] = None):
@@ -294,10 +295,12 @@ class Recipe:
         return r
 
     def to_dict(self) -> dict:
+        """The recipe as a plain dict, one key per field."""
         d = dataclasses.asdict(self)
         return d
 
     def to_yaml(self) -> str:
+        """The recipe as YAML, fields in declaration order (what a run's ``recipe.yaml`` holds)."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
 
 

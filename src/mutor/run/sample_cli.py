@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
+    """Add the ``mutor sample`` subparser to ``sub``."""
     from ..models.loading import DTYPES
 
     p = sub.add_parser("sample", help="sample class-conditional images (KV cache, CFG, temperature, top-k)",
@@ -61,6 +62,7 @@ def _token_progress(model, n_images: int, batch_size: int, num_tokens: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``mutor sample`` on parsed ``args``: sample images from the model and save them; return the exit status."""
     import numpy as np
     import torch
 

@@ -8,6 +8,7 @@ DEFAULT_RECIPE = "star-graph"
 
 
 def add_parser(sub) -> None:
+    """Add the ``mutor train`` subparser to ``sub``."""
     p = sub.add_parser(
         "train", help="train with a YAML recipe (default: the CPU next-token vs MuToR comparison)",
         description="Train with a recipe: a YAML file or the name of a shipped one (see configs/). Overrides are "
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``mutor train`` on parsed ``args`` (a recipe's methods, one after another); return the exit status."""
     from .train import run_recipe
 
     overrides = list(args.overrides)

@@ -44,14 +44,17 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary sibling renamed into place)."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomic(path: PathLike, obj: Any) -> None:
+    """Write ``obj`` to ``path`` atomically as indented JSON."""
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def write_jsonl_atomic(path: PathLike, rows: Iterable[dict]) -> None:
+    """Write ``rows`` to ``path`` atomically as JSON lines (UTF-8, not ASCII-escaped)."""
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 

@@ -113,6 +113,7 @@ class MultiTokenModel(TrainingWrapper):
                 for k in range(2, self.multi_token_config.d_max + 1)]
 
     def offset_names(self) -> list[str]:
+        """Labels of the per-offset outputs, one per extra head: ``"d=2"`` .. ``"d={d_max}"``."""
         return [f"d={k}" for k in range(2, self.multi_token_config.d_max + 1)]
 
     def extra_position_params(self, inputs: dict, params: int) -> int:

@@ -74,6 +74,7 @@ class NextTokenModel(TrainingWrapper):
         return TargetCount(0)
 
     def offset_names(self) -> list[str]:
+        """Labels of the per-offset outputs: none, as there is no auxiliary target."""
         return []
 
     def forward(
