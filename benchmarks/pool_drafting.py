@@ -47,8 +47,12 @@ def main(argv=None) -> int:
     ap.add_argument("files", type=Path, nargs="+", help="drafting.py results (--output) of one checkpoint")
     args = ap.parse_args(argv)
     rows = [json.loads(f.read_text()) for f in args.files]
+    try:
+        pooled = pool(rows)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     print(json.dumps({"checkpoint": rows[0]["checkpoint"], "passes": len(rows), "prompts": rows[0]["prompts"],
-                      "pooled": pool(rows)}, indent=1))
+                      "pooled": pooled}, indent=1))
     return 0
 
 

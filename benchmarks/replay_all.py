@@ -20,7 +20,8 @@ import functools
 import json
 from pathlib import Path
 
-from benchmarks.draft_replay import compare, load_ratios, settings
+from benchmarks.draft_replay import settings
+from mutor.generation.replay import compare, load_ratios
 
 TRACES = Path(__file__).parent / "draft_traces"
 LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
@@ -28,7 +29,7 @@ LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repe
 
 @functools.lru_cache(maxsize=1)
 def recorded_load() -> dict[int, list[float]]:
-    """The recorded load: per-forward cost factors beside a training run (``draft_replay.load_ratios``)."""
+    """The recorded load: per-forward cost factors beside a training run (``mutor.generation.replay.load_ratios``)."""
     return load_ratios(*(json.loads((TRACES / "forward_times" / f"wr3ep0_fp32_{x}.json").read_text())
                          for x in ("quiet", "beside_training")))
 

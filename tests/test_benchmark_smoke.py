@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import run_module
 
 NUMBERS = ("token_ratio", "plain_ms", "mutor_ms", "time_ratio", "time_over_token_ratio",
            "plain_cpu_ms", "mutor_cpu_ms", "plain_saved_mb", "mutor_saved_mb")
 
 
 def _run(module: str, *argv: str) -> str:
-    """``python -m <module> <argv>`` from the repository root; its stdout (stderr shown when it fails)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, \
-        f"{module} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
+    """``python -m <module> <argv>`` from the repository root; its stdout."""
+    return run_module(module, *argv).stdout
 
 
 def _table_rows(text: str) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""The replay of recorded drafting traces (``benchmarks/draft_replay.py``): the real decoding loop
+"""The replay of recorded drafting traces (:mod:`mutor.generation.replay`): the real decoding loop
 (:func:`mutor.generation.loop.decode`) driven by a recorded trace and a cost table. It gives the same rounds,
 acceptance counts and policy state as ``mutor.generate`` on the model told the same costs, and on the recorded
 trace sets ``auto`` is held near plain decoding and near the best fixed K."""
@@ -13,10 +13,9 @@ import torch
 from families import make_model
 from planted import plant
 
-from benchmarks.draft_replay import compare, fixed, load_ratios, record, replay, row_costs
-from benchmarks.replay_all import replay_auto
 from mutor import MuToRConfig, MuToRModel
 from mutor.generation import DraftPolicy, FixedDraft, generate
+from mutor.generation.replay import compare, load_ratios, record, replay, row_costs
 
 
 def _hard(t: int) -> bool:
@@ -80,7 +79,7 @@ def test_the_replay_makes_generates_rounds(make):
 def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     ids, target, model = _model(30, 4)
     traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
-    out = compare(traces, {1: 1.0, 4: 1.2, 9: 1.5, 16: 2.0}, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0)
+    out = compare(traces, {1: 1.0, 4: 1.2, 9: 1.5, 16: 2.0}, {"K=4": lambda: FixedDraft(4)}, prompt_seconds=0.0)
     assert out["K=1"]["forwards"] == 30 and out["K=1"]["seconds"] == pytest.approx(29.0)   # the prompt's is free
     assert out["K=4"]["speedup"] == pytest.approx(29.0 / out["K=4"]["seconds"], abs=1e-3)
     assert out["K=4"]["forwards"] < 30
@@ -107,6 +106,21 @@ XFAIL: dict[str, tuple[str, set]] = {
 }
 
 
+# The loads the slow replays draw each forward's cost under (``python -m benchmarks.replay_all`` prints all three):
+# the per-forward times recorded beside a training run, 3 draws; a slow random walk (drift 0.1), 240 draws.
+LOADS = {"recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
+
+
+def replay_auto(traces: dict, kind: str) -> dict:
+    """``compare``'s result for ``auto`` on ``traces`` at their own row costs, under the load ``kind``."""
+    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    extra = dict(LOADS[kind])
+    if kind == "recorded":
+        extra["load"] = load_ratios(*(json.loads((FORWARD_TIMES / f"wr3ep0_fp32_{x}.json").read_text())
+                                      for x in ("quiet", "beside_training")))
+    return compare(traces, costs, {"auto": lambda: DraftPolicy(traces["d_max"])}, **extra)
+
+
 def expected(kind: str) -> list:
     """The trace sets as the ``kind`` test takes them, known failures marked (strict)."""
     return [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=XFAIL[p.stem][0]))
@@ -120,7 +134,7 @@ def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fi
     traces = json.loads(path.read_text())
     costs = {int(r): c for r, c in traces["row_seconds"].items()}
     k_max = traces["d_max"]
-    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: fixed(k)) for k in range(2, k_max + 1)},
+    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: FixedDraft(k)) for k in range(2, k_max + 1)},
                                   "auto": lambda: DraftPolicy(k_max)})
     best = max(r["speedup"] for r in out.values())
     assert out["auto"]["speedup"] >= 0.99 and out["auto"]["speedup"] >= 0.95 * best, out
@@ -133,8 +147,8 @@ def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_the_cost():
     ids, target, model = _model(30, 4)
     traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
     costs = {1: 1.0, 4: 1.05, 9: 1.1, 16: 1.3}
-    clean = compare(traces, costs, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0)
-    doubled = compare(traces, costs, {"K=4": lambda: fixed(4)}, prompt_seconds=0.0, load={1: [2.0]})
+    clean = compare(traces, costs, {"K=4": lambda: FixedDraft(4)}, prompt_seconds=0.0)
+    doubled = compare(traces, costs, {"K=4": lambda: FixedDraft(4)}, prompt_seconds=0.0, load={1: [2.0]})
     assert doubled["K=4"]["seconds"] == pytest.approx(2 * clean["K=4"]["seconds"])
 
 

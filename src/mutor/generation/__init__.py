@@ -6,7 +6,8 @@
 - ``forward``: the model side of a round (registers, masks, the cache);
 - ``proposer``: what a round feeds, and what it learns from what was accepted;
 - ``policy``: how much to draft (acceptance, the cost of a forward by its rows, the choice);
-- ``stats``: the counts of a run.
+- ``stats``: the counts of a run;
+- ``replay``: a policy replayed offline on recorded traces (the real loop, a table of forward costs).
 
 Imports :mod:`mutor.methods`, :mod:`mutor.core` and :mod:`mutor.utils`; nothing below imports it.
 """

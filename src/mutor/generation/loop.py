@@ -2,7 +2,7 @@
 
 Each round asks the proposer (:mod:`mutor.generation.proposer`) what to feed, hands that to a *target* (the
 model's forward and its cache, :mod:`mutor.generation.forward`; or a recorded trace and a table of costs, in
-``benchmarks/draft_replay.py``), verifies the draft against the target's own next-token rows, emits the kept
+``mutor.generation.replay``), verifies the draft against the target's own next-token rows, emits the kept
 tokens and the target's own token after them, and gives the proposer the registers' next draft. Nothing here
 knows what the target is: the replay of recorded traces runs this very loop with an injected forward and clock.
 

@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import reproduce
 from scipy.stats import t
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments" / "evidence"))
-
-import reproduce  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _row(scores: list[float], loss=None, loss_se=None, **extra) -> dict:

@@ -9,14 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import driver
 import pytest
+import report
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments" / "evidence"))
-
-import driver  # noqa: E402
-import report  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_plan_resolves_to_valid_recipes():
