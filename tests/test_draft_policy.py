@@ -68,6 +68,37 @@ def test_a_row_count_not_measured_costs_the_most_of_the_fewer_rows_measured():
     assert RowCosts(DraftSettings()).seconds(1) == float("inf")
 
 
+def _reference_seconds(costs: RowCosts, rows: int, optimistic: bool) -> float:
+    """The cost of a forward by its rows as the policy defines it, written out recursively: a measured count's own
+    estimate (``optimistic``: ``optimism`` noise-widths low over the root of its discounted count), at most the most
+    a count with fewer rows costs while measured fewer than ``trust`` times; an unmeasured count, that most."""
+    import math
+
+    s = costs.settings
+    least = max((_reference_seconds(costs, r, optimistic) for r in costs.ratio if r < rows), default=math.inf)
+    if rows not in costs.ratio:
+        return least
+    c = math.exp(costs.level + costs.ratio[rows])
+    if optimistic:
+        noise = math.sqrt(costs.square_error) if costs.errors else math.log(s.spike) / 2
+        c *= math.exp(-s.optimism * noise / math.sqrt(costs.count[rows] + 1))
+    return min(c, least) if costs.measured[rows] < s.trust else c
+
+
+def test_row_costs_follow_their_definition_over_many_row_counts_and_measurements():
+    import random
+
+    rng, costs = random.Random(0), RowCosts(DraftSettings(trust=3))
+    for step in range(300):                               # 12 row counts, some measured fewer than trust times
+        rows = rng.choice([1, 2, 3, 4, 5, 7, 9, 10, 12, 13, 16, 25] if step % 7 else [2, 3, 9])
+        costs.record(rows, 0.05 * (1 + 0.1 * rows) * rng.lognormvariate(0, 0.2))
+        if step % 5 == 0:
+            costs.forget()
+        for r in (1, 6, 9, 16, 30):
+            for optimistic in (False, True):
+                assert costs.seconds(r, optimistic) == pytest.approx(_reference_seconds(costs, r, optimistic))
+
+
 def test_a_draft_not_fed_is_settled_by_the_tokens_decoded_after_it():
     seen = []
 

@@ -12,14 +12,17 @@ The choice exploits the estimates, and explores on a budget: where the candidate
 acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it
 is taken instead as long as the time it is expected to lose stays within ``explore`` of the decoding time. What
 has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows back: a choice that
-looked bad on one unlucky measurement is tried again, while exploring never costs more than its share.
+looked bad on one unlucky measurement is tried again, while exploring never costs more than its share. Only the
+steady-state draft length explores: the prompt's registers and the round after the prompt's are decided on the
+estimates as they stand (an answer of a few tokens is mostly that round, and a round explored there is a large
+share of it; replayed on recorded traces of 4-token answers, exploring there cost 1.4-4.6 % of the decoding time).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, TypeVar
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class RowCosts:
         self.count: dict[int, float] = {}                  # measurements, discounted by forget
         self.measured: dict[int, int] = {}                 # measurements, all of them
         self.square_error, self.errors = 0.0, 0
+        self._cache: dict[bool, dict[int, float]] = {}     # seconds by rows, plain and optimistic (_table)
 
     def record(self, rows: int, seconds: float) -> None:
         """A forward of ``rows`` rows took ``seconds``.
@@ -154,6 +158,7 @@ class RowCosts:
             seconds: What it took.
         """
         s = self.settings
+        self._cache.clear()
         x = math.log(max(seconds, 1e-12))
         n = self.measured[rows] = self.measured.get(rows, 0) + 1
         self.count[rows] = self.count.get(rows, 0.0) + 1
@@ -170,31 +175,43 @@ class RowCosts:
     def forget(self) -> None:
         """A round passed: each count's measurements lose a little weight (``revisit``)."""
         self.count = {r: self.settings.forget * c for r, c in self.count.items()}
+        self._cache.pop(True, None)                         # the optimistic costs depend on the counts
 
     def seconds(self, rows: int, optimistic: bool = False) -> float:
         """The seconds of a forward of ``rows`` rows: measured, its estimate (``optimistic``: ``optimism``
         standard errors low); not measured, the most a measured count with fewer rows costs (more rows seldom
         cost less; costs are not assumed to grow with the rows either: in float32 on a CPU 4 rows can cost less
         than 2). Infinite when no count with fewer rows is measured."""
-        least = max((self.seconds(r, optimistic) for r in self.ratio if r < rows), default=math.inf)
-        if rows not in self.ratio:
-            return least
-        c = math.exp(self.level + self.ratio[rows])
-        if self.measured[rows] < self.settings.trust:
-            c = min(c, least)
-        if not optimistic:
-            return c
-        noise = math.sqrt(self.square_error) if self.errors else math.log(self.settings.spike) / 2
-        return c * math.exp(-self.settings.optimism * noise / math.sqrt(self.count[rows] + 1))
+        table = self._table(optimistic)
+        if rows in table:
+            return table[rows]
+        return max((c for r, c in table.items() if r < rows), default=math.inf)
+
+    def _table(self, optimistic: bool) -> dict[int, float]:
+        """Every measured count's seconds, in one pass by rows (a count measured fewer than ``trust`` times at
+        most the most a count with fewer rows costs); kept until the next measurement or round."""
+        if optimistic in self._cache:
+            return self._cache[optimistic]
+        s = self.settings
+        noise = math.sqrt(self.square_error) if self.errors else math.log(s.spike) / 2
+        table: dict[int, float] = {}
+        least = math.inf                                    # the most a count with fewer rows costs
+        for r in sorted(self.ratio):
+            c = math.exp(self.level + self.ratio[r])
+            if optimistic:
+                c *= math.exp(-s.optimism * noise / math.sqrt(self.count[r] + 1))
+            if self.measured[r] < s.trust:
+                c = min(c, least)
+            table[r] = c
+            least = c if least == math.inf else max(least, c)
+        self._cache[optimistic] = table
+        return table
 
 
 def rows(feed: int, registers: int, tail: bool) -> int:
     """Rows of a forward of ``feed`` tokens with ``registers`` registers after each of them (``tail``: after the
     last one only)."""
     return feed + registers * (1 if tail else feed)
-
-
-Option = TypeVar("Option")
 
 
 class DraftPolicy:
@@ -245,6 +262,7 @@ class DraftPolicy:
         self.prompt_row: Optional[float] = None                         # seconds a row of the prompt's forward
         self.prompts = 0
         self.budget = 0.0                                                # seconds exploring may still lose
+        self._steady: Optional[tuple[int, bool]] = None                 # best() until the next record / observe
 
     # --------------------------------------------------------------------- the choice
     def _registers(self, feed: int, at_least: int, tail: bool, optimistic: bool = False) -> int:
@@ -272,40 +290,33 @@ class DraftPolicy:
         tokens, seconds = self._yield(k, tail, self.acceptance, k - 1, optimistic=optimistic)
         return tokens / seconds
 
-    def _pick(self, options: list[Option], value: Callable[[Option, bool], float],
-              loss: Callable[[Option, Option], float], best: Optional[Option] = None) -> Option:
-        """The option of most ``value(option, optimistic=False)`` (or ``best``), or the one of most optimistic
-        value where the budget covers its expected ``loss(option, best)`` in seconds (then charged to it)."""
-        best = max(options, key=lambda o: value(o, False)) if best is None else best
-        hope = max(options, key=lambda o: value(o, True))
-        if hope != best:
-            lost = loss(hope, best)
-            if lost <= self.budget:
-                self.budget -= max(lost, 0.0)
-                return hope
-        return best
-
     def best(self, explore: bool = False) -> tuple[int, bool]:
         """The steady-state candidate ``(K, tail)`` with the most expected tokens per second; plain decoding
         ``(1, False)`` unless a draft beats it by ``margin``. ``explore``: another one where the budget allows
         (see the module)."""
         if self.k_max < 2 or 1 not in self.costs.ratio:
             return 1, False
+        if not explore and self._steady is not None:
+            return self._steady
         candidates = [(1, False)] + [(k, tail) for k in range(2, self.k_max + 1) for tail in (False, True)]
-
-        def value(c: tuple[int, bool], optimistic: bool) -> float:
-            return self.rate(*c, optimistic=optimistic) / (1.0 if c[0] == 1 else 1 + self.settings.margin)
-
-        def loss(c: tuple[int, bool], b: tuple[int, bool]) -> float:   # its round's seconds beyond b's for as much
-            tokens, seconds = self._yield(c[0], c[1], self.acceptance, c[0] - 1)
-            return seconds - tokens / self.rate(*b)
-        best = max(candidates, key=lambda c: value(c, False))
+        handicap = lambda c: 1.0 if c[0] == 1 else 1 + self.settings.margin                 # noqa: E731
+        value = {c: self.rate(*c) / handicap(c) for c in candidates}
+        best = max(candidates, key=value.__getitem__)
         untried = [c for c in candidates[1:]
                    if self.costs.measured.get(rows(c[0], c[0] - 1, c[1]), 0) < self.settings.trust]
         if best in untried:                                # fewest rows first: its cost bounds the larger ones'
-            bar = max(value(c, False) for c in candidates if c not in untried)
-            best = min((c for c in untried if value(c, False) > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
-        return self._pick(candidates, value, loss, best) if explore else best
+            bar = max(value[c] for c in candidates if c not in untried)
+            best = min((c for c in untried if value[c] > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
+        self._steady = best
+        if explore:                                        # the most hopeful instead, where the budget covers it
+            hope = max(candidates, key=lambda c: self.rate(*c, optimistic=True) / handicap(c))
+            if hope != best:
+                tokens, seconds = self._yield(hope[0], hope[1], self.acceptance, hope[0] - 1)
+                lost = seconds - tokens / self.rate(*best)   # its round's seconds beyond best's for as many tokens
+                if lost <= self.budget:
+                    self.budget -= max(lost, 0.0)
+                    return hope
+        return best
 
     def plan(self, drafted: int, first: bool = False, ends: bool = False) -> tuple[int, int, bool]:
         """This round's forward.
@@ -319,9 +330,9 @@ class DraftPolicy:
             ``(j, r, tail)``: feed j of the drafted tokens after the newest kept token, and r registers after each
             fed token (``tail``: after the last one only).
         """
-        k, tail = self.best(explore=True)
         if ends and drafted:                               # only this round counts: no register needed
             return self._gainful(drafted, 0, self.first if first else self.acceptance)[0], 0, False
+        k, tail = self.best(explore=True)
         if first:                                          # the prompt's draft, at its own acceptance
             j, tail = self._gainful(drafted, k - 1, self.first)
         else:
@@ -335,11 +346,11 @@ class DraftPolicy:
         prompt's registers)."""
         steady = self.rate(*self.best())
 
-        def gain(o: tuple[int, bool], optimistic: bool) -> float:
-            tokens, seconds = self._yield(o[0] + 1, o[1], acceptance, r, o[0] * extra, optimistic)
+        def gain(o: tuple[int, bool]) -> float:
+            tokens, seconds = self._yield(o[0] + 1, o[1], acceptance, r, o[0] * extra)
             return tokens - steady * seconds
         options = [(j, tail) for j in range(min(drafted, self.k_max - 1) + 1) for tail in (False, True)]
-        return self._pick(options, gain, lambda o, b: (gain(b, False) - gain(o, False)) / steady)
+        return max(options, key=gain)
 
     def prompt_registers(self) -> int:
         """The registers the prompt's forward feeds after the prompt: those whose draft the round after would
@@ -364,6 +375,7 @@ class DraftPolicy:
             prompt: It was the prompt's forward.
         """
         self.budget += self.settings.explore * seconds
+        self._steady = None
         if prompt:
             self.prompts += 1
             per = seconds / rows
@@ -384,6 +396,7 @@ class DraftPolicy:
             first: The prompt's registers drafted it.
         """
         (self.first if first else self.acceptance).observe(drafted, kept)
+        self._steady = None
 
     def state(self) -> dict:
         """What the policy believes now (a benchmark row's record of why it drafted as it did): ms per forward by
