@@ -87,3 +87,9 @@ def test_precision_benchmark_runs_every_case_on_a_tiny_recipe(tmp_path):
     for m in methods:
         losses = [r["first_loss"] for r in rows if r["method"] == m]
         assert all(math.isfinite(x) for x in losses) and max(losses) - min(losses) < 0.05 * min(losses)
+
+
+def test_policy_overhead_times_rounds_of_the_policy():
+    """benchmarks/policy_overhead.py: a policy told a run's costs plans rounds, and their time is reported."""
+    row = json.loads(_run("benchmarks.policy_overhead", "--rounds", "5", "--k-max", "3"))
+    assert row["k_max"] == 3 and row["rounds"] == 5 and row["ms_per_round"] > 0
