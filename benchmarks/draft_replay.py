@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from mutor.generation.policy import DraftPolicy, DraftSettings, FixedDraft
-from mutor.generation.replay import compare, load_ratios, record, row_costs, spread
+from mutor.generation.replay import compare, load_ratios, record, row_costs, spread, trace_costs
 
 
 def _load(args):
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     if args.costs:
         costs = {i + 1: float(c) / 1000 for i, c in enumerate(args.costs.split(","))}
     else:
-        costs = {int(r): c for r, c in traces["row_seconds"].items()}
+        costs = trace_costs(traces)
     k_max = traces["d_max"]
     policies: dict[str, Callable[[], object]] = {f"K={k}": (lambda k=k: FixedDraft(k)) for k in range(2, k_max + 1)}
     policies["auto"] = lambda: DraftPolicy(k_max)

@@ -21,10 +21,9 @@ import json
 from pathlib import Path
 
 from benchmarks.draft_replay import settings
-from mutor.generation.replay import compare, load_ratios
+from mutor.generation.replay import LOADS, compare, load_ratios, trace_costs
 
 TRACES = Path(__file__).parent / "draft_traces"
-LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,7 +38,7 @@ def replay_auto(traces: dict, kind: str, options: dict | None = None) -> dict:
     row costs, under the load ``kind`` (a key of ``LOADS``), as the suite replays it."""
     from mutor.generation import DraftPolicy, DraftSettings
 
-    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    costs = trace_costs(traces)
     extra = dict(LOADS[kind], **({"load": recorded_load()} if kind == "recorded" else {}))
     policies = {"auto": lambda: DraftPolicy(traces["d_max"], DraftSettings(**(options or {})))}
     return compare(traces, costs, policies, **extra)

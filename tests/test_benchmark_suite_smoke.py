@@ -5,26 +5,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
 from mutor.testing.official_style import interleave, official_example_loss
+from scripts import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
 CASES = ["plain", "mutor", "mutor_fixed", "multi_token", "official"]     # the suite's cases, in its order
 
 
 def test_tiny_suite_has_every_case(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.suite", "--tiny", "--isolation", "inprocess",
-                           "--threads", "1", "--repeats", "1", "--warmup", "0", "--rounds", "2", "--loss-chunk", "16",
-                           "--json-out", str(tmp_path / "s.json"), "--markdown-out", str(tmp_path / "s.md")],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    run_module("benchmarks.suite", "--tiny", "--isolation", "inprocess", "--threads", "1", "--repeats", "1",
+               "--warmup", "0", "--rounds", "2", "--loss-chunk", "16", "--json-out", tmp_path / "s.json",
+               "--markdown-out", tmp_path / "s.md")
     rows = json.loads((tmp_path / "s.json").read_text())["shapes"][0]["rows"]
     assert [r["case"] for r in rows] == CASES
     for r in rows:

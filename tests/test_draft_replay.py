@@ -15,7 +15,7 @@ from planted import plant
 
 from mutor import MuToRConfig, MuToRModel
 from mutor.generation import DraftPolicy, FixedDraft, generate
-from mutor.generation.replay import compare, load_ratios, record, replay, row_costs
+from mutor.generation.replay import LOADS, compare, load_ratios, record, replay, row_costs, trace_costs
 
 
 def _hard(t: int) -> bool:
@@ -108,19 +108,14 @@ XFAIL: dict[str, tuple[str, set]] = {
 }
 
 
-# The loads the slow replays draw each forward's cost under (``python -m benchmarks.replay_all`` prints all three):
-# the per-forward times recorded beside a training run, 3 draws; a slow random walk (drift 0.1), 240 draws.
-LOADS = {"recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
-
-
 def replay_auto(traces: dict, kind: str) -> dict:
-    """``compare``'s result for ``auto`` on ``traces`` at their own row costs, under the load ``kind``."""
-    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    """``compare``'s result for ``auto`` on ``traces`` at their own row costs, under the load ``kind`` (recorded:
+    the per-forward times recorded beside a training run, as ``python -m benchmarks.replay_all`` replays it)."""
     extra = dict(LOADS[kind])
     if kind == "recorded":
         extra["load"] = load_ratios(*(json.loads((FORWARD_TIMES / f"wr3ep0_fp32_{x}.json").read_text())
                                       for x in ("quiet", "beside_training")))
-    return compare(traces, costs, {"auto": lambda: DraftPolicy(traces["d_max"])}, **extra)
+    return compare(traces, trace_costs(traces), {"auto": lambda: DraftPolicy(traces["d_max"])}, **extra)
 
 
 def expected(kind: str) -> list:
@@ -134,7 +129,7 @@ def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fi
     """Traces recorded from the evidence runs (validation prompts, row costs measured on this CPU): replayed,
     ``auto`` is at least 0.99x plain decoding and within 5 % of the best fixed K in hindsight."""
     traces = json.loads(path.read_text())
-    costs = {int(r): c for r, c in traces["row_seconds"].items()}
+    costs = trace_costs(traces)
     k_max = traces["d_max"]
     out = compare(traces, costs, {**{f"K={k}": (lambda k=k: FixedDraft(k)) for k in range(2, k_max + 1)},
                                   "auto": lambda: DraftPolicy(k_max)})

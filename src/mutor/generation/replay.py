@@ -36,6 +36,16 @@ from .loop import Feed, Rows, Selector, decode
 from .policy import FixedDraft
 from .proposer import RegisterProposer
 
+# The loads a policy is held to (benchmarks/replay_all.py, tests/test_draft_replay.py), as :func:`compare` keyword
+# arguments: the trace's own costs; each forward's times a factor drawn from a recorded load (``load``, from
+# :func:`load_ratios`, added by the caller), 3 draws; a slow random walk, 240 draws.
+LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
+
+
+def trace_costs(traces: dict) -> dict[int, float]:
+    """A trace set's own row costs (``row_seconds``, recorded with it), keyed by rows."""
+    return {int(r): c for r, c in traces["row_seconds"].items()}
+
 
 def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int],
            prefix_attention: Optional[str] = None) -> dict:
