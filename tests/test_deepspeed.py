@@ -86,6 +86,7 @@ def _worker(argv: list[str]) -> None:
 
     from mutor import MuToRConfig, MuToRModel
     from mutor.integrations.trainer import MuToRTrainer, MuToRTrainingArguments
+    from mutor.run.teardown import end_process, leave_process_group
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -114,9 +115,10 @@ def _worker(argv: list[str]) -> None:
         (Path(a.out) / "ds_info.json").write_text(json.dumps({
             "zero_stage": int(engine.zero_optimization_stage()), "world_size": int(torch.distributed.get_world_size()),
             "loss_by_step": {str(h["step"]): h["loss"] for h in trainer.state.log_history if "loss" in h}}))
-    # An orderly teardown, as `mutor train` does: ranks meet, then the process group ends before interpreter exit.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    # As `mutor train` ends a multi-process run: the ranks leave the process group, then the process ends without
+    # the interpreter's teardown, where the gloo groups DeepSpeed's objects still hold could abort it.
+    leave_process_group()
+    end_process(0)
 
 
 if __name__ == "__main__":

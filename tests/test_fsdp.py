@@ -240,6 +240,7 @@ def _worker(argv: list[str]) -> None:
     from transformers import TrainerCallback, TrainingArguments
 
     from mutor.integrations.trainer import MuToRTrainer
+    from mutor.run.teardown import end_process, in_process_group, leave_process_group
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -284,8 +285,9 @@ def _worker(argv: list[str]) -> None:
                              for h in trainer.state.log_history if "loss" in h}
     if trainer.args.should_save:
         (Path(a.out) / "fsdp_info.json").write_text(json.dumps(info))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if in_process_group():                   # as `mutor train` ends a multi-process run (mutor.run.teardown)
+        leave_process_group()
+        end_process(0)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def _worker(argv: list[str]) -> None:
     from mutor import MuToRConfig
     from mutor.integrations.trl import MuToRSFTTrainer
     from mutor.models.presets import tiny_causal_lm
+    from mutor.run.teardown import end_process, in_process_group, leave_process_group
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -96,6 +97,9 @@ def _worker(argv: list[str]) -> None:
             "steps": [h["step"] for h in logs],
             "logs": [{k: h[k] for k in ("loss", "grad_norm", "reg_grad_norm", "grad_clipped", "reg_grad_clipped")}
                      for h in logs]}))
+    if in_process_group():                   # as `mutor train` ends a multi-process run (mutor.run.teardown)
+        leave_process_group()
+        end_process(0)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .teardown import end_process, in_process_group, leave_process_group
+
 DEFAULT_RECIPE = "star-graph"
 
 
@@ -38,17 +40,13 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("mutor train: --resume and --overwrite exclude each other")
     try:
         result = run_recipe(args.recipe, overrides, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
-    finally:
-        _leave_process_group()
+    except BaseException:
+        leave_process_group(meet=False)          # after an error the other ranks may never meet
+        raise
+    distributed = in_process_group()
+    leave_process_group()
     if not args.quiet:
         print(f"[mutor train] results in {result['output_dir']}")
+    if distributed:                              # under torchrun: no teardown of the run's leftovers (teardown.py)
+        end_process(0)
     return 0
-
-
-def _leave_process_group() -> None:
-    """Under torchrun, end the process group before the process ends: left to interpreter exit, a resumed
-    multi-process FSDP run can abort there (after saving) when DeepSpeed is installed beside it."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
