@@ -53,12 +53,19 @@ def _costs(model, prompts, mode) -> dict:
 
 
 def settings(pairs: list[str]) -> dict:
-    """``NAME=VALUE`` pairs as ``DraftSettings`` keyword arguments (numbers as ints or floats, else strings)."""
+    """``NAME=VALUE`` pairs as ``DraftSettings`` keyword arguments (numbers as ints or floats, comma-separated
+    numbers as a tuple, else strings)."""
     out = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"expected NAME=VALUE, got {pair!r}")
+        if "," in value:
+            try:
+                out[name] = tuple(float(x) for x in value.split(","))
+                continue
+            except ValueError:
+                pass
         for kind in (int, float, str):
             try:
                 out[name] = kind(value)

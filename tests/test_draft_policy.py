@@ -13,8 +13,9 @@ from mutor.generation.proposer import Outcome, RegisterProposer
 
 
 @pytest.mark.parametrize("field,value", [("memory", 0.0), ("revisit", 0.5), ("optimism", -1.0), ("explore", 1.0),
-                                         ("smoothing", 0.0), ("level_gain", 1.0), ("spike", 1.0), ("trust", 0),
-                                         ("margin", -0.1), ("clock", "gpu")])
+                                         ("smoothing", 0.0), ("level_gains", (1.0,)), ("level_gains", ()),
+                                         ("level_gains", 0.3), ("spike", 1.0), ("trust", 0), ("margin", -0.1),
+                                         ("clock", "gpu")])
 def test_settings_out_of_range_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"DraftSettings.{field} must be"):
         DraftSettings(**{field: value})

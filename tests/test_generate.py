@@ -210,7 +210,8 @@ def test_generate_times_its_forwards_by_the_policys_clock(monkeypatch, clock, ti
     told = []
     policy = DraftPolicy(3, DraftSettings(clock=clock))
     record = policy.record
-    policy.record = lambda rows, seconds, prompt=False: (told.append(seconds), record(rows, seconds, prompt))
+    policy.record = lambda rows, seconds, prompt=False, tokens=1: (told.append(seconds),
+                                                               record(rows, seconds, prompt, tokens))
     generate(MuToRModel(make_model("llama"), MuToRConfig(d_max=3)), _prompt(1), max_new_tokens=8,
              draft_registers=policy, eos_token_id=[])
     assert told and all(s == 1.0 for s in told)

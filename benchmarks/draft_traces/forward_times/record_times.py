@@ -13,9 +13,9 @@ from mutor.generation import DraftPolicy, FixedDraft, generate
 
 def logged(policy, log):
     told = policy.record
-    def record(rows, seconds, prompt=False):
+    def record(rows, seconds, prompt=False, tokens=1):
         log.append((rows, seconds))
-        told(rows, seconds, prompt)
+        told(rows, seconds, prompt, tokens)
     policy.record = record
     return policy
 

@@ -10,7 +10,10 @@ Three parts, each doing one thing, and their settings in one frozen dataclass:
 
 The choice exploits the estimates, and explores on a budget: where the candidate that is best when every
 acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it
-is taken instead as long as the time it is expected to lose stays within ``explore`` of the decoding time. What
+is taken instead as long as the time exploring has lost stays within ``explore`` of the decoding time. The loss
+is counted after each explored round, as measured (its seconds beyond what the best candidate would take for
+the tokens it gave), not as estimated: estimates that have not been fed are what exploring tries, so they are
+the ones that can be wrong, and an explored round that pays refunds its share. What
 has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows back: a choice that
 looked bad on one unlucky measurement is tried again, while exploring never costs more than its share. Only the
 steady-state draft length explores: the prompt's registers and the round after the prompt's are decided on the
@@ -42,8 +45,11 @@ class DraftSettings:
         "help": "The most of the decoding time exploring may lose (by the estimates): 0.005 is 0.5 %."})
     smoothing: float = field(default=0.05, metadata={
         "help": "Weight of a new measurement in a row count's cost, after the mean of the first 1/smoothing."})
-    level_gain: float = field(default=0.3, metadata={
-        "help": "How fast the speed level shared by every row count follows the measurements (0: not at all)."})
+    level_gains: tuple = field(default=(0.0, 0.05, 0.3), metadata={
+        "help": "How fast the speed level shared by every row count may follow the measurements: each of these "
+                "speeds predicts every forward, and the one whose predictions erred least lately is used (0: not "
+                "at all, for a load that varies from forward to forward without moving; larger: one that moves). "
+                "The last one is used until 1/smoothing forwards have been predicted."})
     spike: float = field(default=2.0, metadata={
         "help": "A measurement counts at most this many times (and at least 1/spike of) what the costs "
                 "predicted: one spike of load is not a new cost."})
@@ -60,7 +66,10 @@ class DraftSettings:
         allowed = {"memory": (0 < self.memory <= 1, "in (0, 1]"), "revisit": (self.revisit >= 1, ">= 1"),
                    "optimism": (self.optimism >= 0, ">= 0"), "explore": (0 <= self.explore < 1, "in [0, 1)"),
                    "smoothing": (0 < self.smoothing <= 1, "in (0, 1]"),
-                   "level_gain": (0 <= self.level_gain < 1, "in [0, 1)"), "spike": (self.spike > 1, "> 1"),
+                   "level_gains": (isinstance(self.level_gains, tuple) and len(self.level_gains) > 0
+                                   and all(isinstance(g, (int, float)) and 0 <= g < 1 for g in self.level_gains),
+                                   "a non-empty tuple of numbers in [0, 1)"),
+                   "spike": (self.spike > 1, "> 1"),
                    "trust": (isinstance(self.trust, int) and self.trust >= 1, "an integer >= 1"),
                    "margin": (self.margin >= 0, ">= 0"), "clock": (self.clock in ("wall", "cpu"), "'wall' or 'cpu'")}
         for name, (ok, rule) in allowed.items():
@@ -130,10 +139,14 @@ class Acceptance:
 class RowCosts:
     """The seconds of a forward by its rows: ``exp(level + ratio[rows])``.
 
-    ``level`` is shared by every row count and follows each measurement by ``level_gain``; ``ratio[rows]`` is
+    ``level`` is shared by every row count and follows each measurement at a speed (a gain); ``ratio[rows]`` is
     the running mean of that count's measurements over the level (the mean of the first ``1/smoothing``, then
     weight ``smoothing``). So a load that slows every forward moves the costs of the counts not fed lately with
-    the ones fed, instead of leaving them at the speed of when they were fed. A measurement counts at ``spike``
+    the ones fed, instead of leaving them at the speed of when they were fed. How fast the level should follow
+    depends on the load: one that moves is followed, while following one that varies from forward to forward
+    only adds noise to every ratio (a plain forward timed once on a spike would make every draft look cheap). So
+    the level is kept at each speed of ``level_gains`` at once, each with its own ratios, and the speed whose
+    predictions of the measurements erred least lately is the one used. A measurement counts at ``spike``
     times the prediction at most. The spread of the measurements around the predictions (``noise``) is what
     the optimistic cost is taken low by.
 
@@ -143,12 +156,30 @@ class RowCosts:
 
     def __init__(self, settings: DraftSettings):
         self.settings = settings
-        self.level = 0.0                                   # log seconds
-        self.ratio: dict[int, float] = {}                  # log seconds over the level, by rows
+        gains = settings.level_gains
+        self.levels = [0.0] * len(gains)                   # log seconds, at each speed
+        self.ratios: list[dict[int, float]] = [{} for _ in gains]   # log seconds over the level, by rows
+        self.square_errors = [0.0] * len(gains)            # recent squared prediction errors, at each speed
+        self.use = len(gains) - 1                          # the speed used
         self.count: dict[int, float] = {}                  # measurements, discounted by forget
         self.measured: dict[int, int] = {}                 # measurements, all of them
-        self.square_error, self.errors = 0.0, 0
+        self.errors = 0                                    # measurements predicted
         self._cache: dict[bool, dict[int, float]] = {}     # seconds by rows, plain and optimistic (_table)
+
+    @property
+    def level(self) -> float:
+        """The shared speed level (log seconds) at the speed used."""
+        return self.levels[self.use]
+
+    @property
+    def ratio(self) -> dict[int, float]:
+        """Each measured count's log seconds over the level, at the speed used."""
+        return self.ratios[self.use]
+
+    @property
+    def square_error(self) -> float:
+        """The recent squared error (in log seconds) of the predictions at the speed used."""
+        return self.square_errors[self.use]
 
     def record(self, rows: int, seconds: float) -> None:
         """A forward of ``rows`` rows took ``seconds``.
@@ -163,14 +194,18 @@ class RowCosts:
         n = self.measured[rows] = self.measured.get(rows, 0) + 1
         self.count[rows] = self.count.get(rows, 0.0) + 1
         if rows not in self.ratio:
-            self.ratio[rows] = x - self.level
+            for level, ratio in zip(self.levels, self.ratios):
+                ratio[rows] = x - level
             return
         cap = math.log(s.spike)
-        e = min(max(x - self.level - self.ratio[rows], -cap), cap)
         self.errors += 1
-        self.square_error += (e * e - self.square_error) * max(1 / self.errors, s.smoothing)
-        self.level += s.level_gain * e
-        self.ratio[rows] += max(1 / n, s.smoothing) * (1 - s.level_gain) * e
+        for i, g in enumerate(s.level_gains):
+            e = min(max(x - self.levels[i] - self.ratios[i][rows], -cap), cap)
+            self.square_errors[i] += (e * e - self.square_errors[i]) * max(1 / self.errors, s.smoothing)
+            self.levels[i] += g * e
+            self.ratios[i][rows] += max(1 / n, s.smoothing) * (1 - g) * e
+        if self.errors * s.smoothing >= 1:
+            self.use = min(range(len(s.level_gains)), key=lambda i: (self.square_errors[i], -i))
 
     def forget(self) -> None:
         """A round passed: each count's measurements lose a little weight (``revisit``)."""
@@ -262,6 +297,7 @@ class DraftPolicy:
         self.prompt_row: Optional[float] = None                         # seconds a row of the prompt's forward
         self.prompts = 0
         self.budget = 0.0                                                # seconds exploring may still lose
+        self._explored: Optional[float] = None      # this round explores: the rate of the best candidate instead
         self._steady: Optional[tuple[int, bool]] = None                 # best() until the next record / observe
 
     # --------------------------------------------------------------------- the choice
@@ -313,8 +349,8 @@ class DraftPolicy:
             if hope != best:
                 tokens, seconds = self._yield(hope[0], hope[1], self.acceptance, hope[0] - 1)
                 lost = seconds - tokens / self.rate(*best)   # its round's seconds beyond best's for as many tokens
-                if lost <= self.budget:
-                    self.budget -= max(lost, 0.0)
+                if lost <= self.budget:                    # charged as measured once the round is done (record)
+                    self._explored = self.rate(*best)
                     return hope
         return best
 
@@ -364,17 +400,21 @@ class DraftPolicy:
         return self._gainful(self.k_max - 1, self.best()[0] - 1, self.first, self.prompt_row or 0.0)[0]
 
     # ------------------------------------------------------------------ what it learns
-    def record(self, rows: int, seconds: float, prompt: bool = False) -> None:
+    def record(self, rows: int, seconds: float, prompt: bool = False, tokens: int = 1) -> None:
         """A forward of ``rows`` rows took ``seconds`` (``prompt``: the prompt's, with its registers; it prices a
-        register after the prompt, not a round). Each forward adds its share to the exploring budget, and each
-        estimate loses a little weight.
+        register after the prompt, not a round). Each forward adds its share to the exploring budget, an explored
+        round takes what it lost from it, and each estimate loses a little weight.
 
         Args:
             rows: The forward's rows (tokens and registers).
             seconds: What it took, by this policy's clock.
             prompt: It was the prompt's forward.
+            tokens: The tokens the round gave.
         """
         self.budget += self.settings.explore * seconds
+        if self._explored is not None and not prompt:     # its seconds beyond the best's for as many tokens
+            self.budget -= seconds - tokens / self._explored
+        self._explored = None
         self._steady = None
         if prompt:
             self.prompts += 1
@@ -435,7 +475,7 @@ class FixedDraft:
         """K-1 registers after the prompt."""
         return self.k_max - 1
 
-    def record(self, rows: int, seconds: float, prompt: bool = False) -> None:
+    def record(self, rows: int, seconds: float, prompt: bool = False, tokens: int = 1) -> None:
         """Nothing to learn."""
 
     def observe(self, drafted: int, kept: int, first: bool = False) -> None:

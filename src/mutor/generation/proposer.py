@@ -140,7 +140,7 @@ class RegisterProposer:
             proposal: What the round fed.
             outcome: What it gave.
         """
-        self.policy.record(outcome.rows, outcome.seconds, outcome.prompt)
+        self.policy.record(outcome.rows, outcome.seconds, outcome.prompt, len(outcome.emitted))
         if self.sampled and proposal.draft:
             self.policy.observe(len(proposal.draft), outcome.kept, proposal.first)
         self._settle(outcome.emitted)

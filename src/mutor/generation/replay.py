@@ -37,9 +37,10 @@ from .policy import FixedDraft
 from .proposer import RegisterProposer
 
 # The loads a policy is held to (benchmarks/replay_all.py, tests/test_draft_replay.py), as :func:`compare` keyword
-# arguments: the trace's own costs; each forward's times a factor drawn from a recorded load (``load``, from
-# :func:`load_ratios`, added by the caller), 3 draws; a slow random walk, 240 draws.
-LOADS = {"quiet": {}, "recorded": {"repeats": 3}, "moving": {"drift": 0.1, "repeats": 240}}
+# arguments: the trace's own costs; each forward told a factor drawn from a recorded load (``load``, from
+# :func:`load_ratios`, added by the caller) and charged that row count's mean factor, 12 draws; a slow random
+# walk, 240 draws (told and charged alike: a load that moves is one a policy can follow).
+LOADS = {"quiet": {}, "recorded": {"repeats": 12, "charge": "mean"}, "moving": {"drift": 0.1, "repeats": 240}}
 
 
 def trace_costs(traces: dict) -> dict[int, float]:
@@ -189,13 +190,16 @@ def _setup(traces: dict, costs: dict[int, float], prompt_seconds: Optional[float
 
 def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
            load: Optional[dict[int, list[float]]], drift: float = 0.0, clock: str = "wall",
-           cold: float = 1.0) -> Callable:
+           cold: float = 1.0, charge: str = "drawn") -> Callable:
     """A forward's cost as drawn under a machine's load: the table's times exp(N(0, noise)), times a factor drawn
     from a recorded load (its row count's, else one row's), times ``exp(x)`` for a load that moves (``drift``:
     x follows x <- 0.98 x + N(0, drift) from forward to forward, so that neighbouring forwards share their load),
     and with probability ``spikes`` 2-3x that; the first forward of each row count ``cold`` times that (a
     shape's warm-up). ``clock="cpu"``: returns ``(that, what the policy is told)``, the latter without the
-    load, drift and spikes (a CPU-time clock, idealised: waiting for a core is all the load does)."""
+    load, drift and spikes (a CPU-time clock, idealised: waiting for a core is all the load does).
+    ``charge="mean"``: a recorded load's factor is charged at its row count's mean while the policy is told the
+    drawn one (the policy still measures a noisy machine, but the seconds charged no longer depend on which
+    factors the draws happened to give its forwards: two policies are compared on their choices, not on luck)."""
     level, seen = [0.0], set()
 
     def cost(rows):
@@ -203,31 +207,37 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
         if rows not in seen:
             seen.add(rows)
             c, own = c * cold, own * cold
+        told = c
         if load:
-            c *= rng.choice(load.get(rows) or load[1])
+            pool = load.get(rows) or load[1]
+            told = c * rng.choice(pool)
+            c = c * sum(pool) / len(pool) if charge == "mean" else told
         if drift:
             level[0] = 0.98 * level[0] + rng.gauss(0.0, drift)
-            c *= math.exp(level[0])
-        c = c * rng.uniform(2.0, 3.0) if spikes and rng.random() < spikes else c
-        return (c, own) if clock == "cpu" else c
+            c, told = c * math.exp(level[0]), told * math.exp(level[0])
+        if spikes and rng.random() < spikes:
+            f = rng.uniform(2.0, 3.0)
+            c, told = c * f, told * f
+        return (c, own) if clock == "cpu" else (c, told) if charge == "mean" else c
     return cost
 
 
 def compare(traces: dict, costs: dict[int, float], policies: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
             load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall",
-            cold: float = 1.0) -> dict:
+            cold: float = 1.0, charge: str = "drawn") -> dict:
     """Seconds of each policy over every trace (one policy instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
     (:func:`load_ratios`): times a factor drawn from a recorded load's, its row count's or else one row's. The
-    policy is told what it took. ``repeats``: that many draws (seeds 0, 1, ...), summed."""
+    policy is told what it took; ``charge="mean"``: charged the load's mean factor instead (see ``_drawn``).
+    ``repeats``: that many draws (seeds 0, 1, ...), summed."""
     eos, table, p_sec = _setup(traces, costs, prompt_seconds)
     out = {}
     for name, make in {"K=1": lambda: FixedDraft(1), **policies}.items():
         total = Counter()
         for seed in range(repeats):
-            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock, cold)
+            cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock, cold, charge)
             policy = make()
             for tr in traces["traces"]:
                 r = replay(policy, tr, traces["max_new_tokens"], eos, cost, p_sec)
@@ -242,7 +252,7 @@ def compare(traces: dict, costs: dict[int, float], policies: dict[str, Callable[
 def spread(traces: dict, costs: dict[int, float], policies: dict[str, Callable[[], object]], sample: int,
            draws: int, prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0,
            load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall",
-           cold: float = 1.0) -> dict:
+           cold: float = 1.0, charge: str = "drawn") -> dict:
     """What one short measurement can show: ``draws`` times, ``sample`` prompts drawn at random (draw i: seed i)
     and decoded by a fresh policy of each kind and by plain decoding, as ``experiments/evidence/drafting.py``
     measures a run (20 prompts, one policy for them all), each forward's cost drawn as in :func:`compare` (the
@@ -254,7 +264,8 @@ def spread(traces: dict, costs: dict[int, float], policies: dict[str, Callable[[
         prompts = random.Random(i).sample(traces["traces"], min(sample, len(traces["traces"])))
         secs = {}
         for name, make in {"K=1": lambda: FixedDraft(1), **policies}.items():
-            cost, policy = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock, cold), make()
+            cost, policy = _drawn(table, random.Random(10_000 + i), noise, spikes, load, drift, clock, cold,
+                                  charge), make()
             secs[name] = sum(replay(policy, tr, traces["max_new_tokens"], eos, cost, p_sec)["seconds"]
                              for tr in prompts)
         for name in policies:
