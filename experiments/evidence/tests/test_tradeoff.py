@@ -1,0 +1,60 @@
+"""The loss-weight trade-off table (tradeoff.py) on hand-made rows: each weight paired with next-token of the same
+seed, its drafting rows' best fixed K and ``auto`` as geometric means, validation at the selected checkpoint, and
+the figure and the marked block written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import tradeoff
+
+
+def _row(method: str, seed: int, scores: list[int], a=None, val=0.5) -> dict:
+    tag = f"a{a}" if a is not None else ""
+    return {"group": "g", "run": f"{method}_s{seed}" + (f"_{tag}" if tag else ""), "method": method, "seed": seed,
+            "tag": tag, "splits": {"test": {"per_example": scores}}, "selected_checkpoint": "checkpoint-2",
+            "per_checkpoint": [{"checkpoint": "checkpoint-1", "accuracy": 0.0},
+                               {"checkpoint": "checkpoint-2", "accuracy": val}],
+            "resolved_recipe": {"mutor": {"loss_weight": a}} if a is not None else {}}
+
+
+def _draft(run: str, ks: dict) -> dict:
+    return {"group": "g", "run": run, "drafting": {k: {"speedup_vs_greedy": v} for k, v in ks.items()}}
+
+
+ROWS = [_row("next_token", s, [1, 1, 0, 0]) for s in range(3)] + \
+       [_row("mutor", s, [1, 1, 1, 0], a=0.1, val=0.6) for s in range(3)] + \
+       [_row("mutor", s, [1, 0, 0, 0], a=0.3, val=0.4) for s in range(2)]
+DRAFTS = [_draft("mutor_s0_a0.1", {"K=1": 1.0, "K=2": 1.1, "K=3": 1.2, "K=auto": 1.15}),
+          _draft("mutor_s1_a0.1", {"K=1": 1.0, "K=2": 1.2, "K=3": 1.3, "K=auto": 1.25})]
+
+
+def test_each_weight_is_paired_with_next_token_and_its_drafting_rows_summarised():
+    entries = {e["weight"]: e for e in tradeoff.tradeoff(ROWS, DRAFTS, groups=("g",))}
+    assert sorted(entries) == [0.1, 0.3]
+    low, high = entries[0.1], entries[0.3]
+    assert low["comparison"]["mean"] == pytest.approx(25.0) and low["comparison"]["seeds"] == 3
+    assert high["comparison"]["mean"] == pytest.approx(-25.0) and high["comparison"]["seeds"] == 2
+    assert low["best_k"] == pytest.approx(math.sqrt(1.2 * 1.3)) and low["auto"] == pytest.approx(math.sqrt(1.15 * 1.25))
+    assert low["draft_seeds"] == 2 and math.isnan(high["best_k"]) and high["draft_seeds"] == 0
+    assert low["validation"] == pytest.approx(60.0) and high["validation"] == pytest.approx(40.0)
+    text = tradeoff.table(list(entries.values()))
+    assert "| g | 0.1 | 3 |" in text and "exploratory (2 seeds)" in text and "1.25x" in text
+
+
+def test_the_command_writes_the_figure_and_the_marked_block(tmp_path):
+    results, drafting = tmp_path / "results.jsonl", tmp_path / "drafting.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    drafting.write_text("".join(json.dumps(d) + "\n" for d in DRAFTS))
+    doc = tmp_path / "page.md"
+    doc.write_text(f"before\n{tradeoff.MARKS[0]}\nold\n{tradeoff.MARKS[1]}\nafter\n")
+    assert tradeoff.main(["--results", str(results), "--drafting", str(drafting), "--group", "g",
+                          "--plot", str(tmp_path / "t.png"), "--markdown", str(doc)]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
+    page = doc.read_text()
+    assert "old" not in page and "| g | 0.1 |" in page and page.startswith("before") and page.endswith("after\n")
+    doc.write_text("no markers")
+    with pytest.raises(SystemExit, match="no <!-- tradeoff:begin -->"):
+        tradeoff.main(["--results", str(results), "--drafting", str(drafting), "--group", "g", "--markdown", str(doc)])

@@ -1,0 +1,155 @@
+"""What each loss weight costs in accuracy and buys in drafting speed: the loss-weight sweep as one table and one
+figure, per task and model.
+
+For each group (by default the sweep's: word reversal and number sorting at three epochs, and the Gemma 3 270M
+step once it has rows) and each MuToR weight a:
+
+- accuracy: MuToR at a minus next-token of the same group and seed, exact match on test in points, the mean over
+  seeds with its 95 % interval and reading by the claim rule (:mod:`mutor.eval.claims`, through report.py's
+  pairing);
+- drafting: each MuToR run's drafting row (experiments/evidence/drafting.py, greedy against K = 1..d_max and
+  ``auto``, interleaved per prompt): the best fixed K's speed-up over greedy and ``auto``'s, the geometric mean over
+  the seeds;
+- the pick: the mean validation exact match at the selected checkpoint, over every run of that weight in the
+  groups shown (the plan picks the sweep's best weight on validation only).
+
+    python experiments/evidence/tradeoff.py                        # the table
+    python experiments/evidence/tradeoff.py --plot experiments/evidence/tradeoff.png --markdown docs/FILE.md
+
+``--markdown`` writes the table between the file's ``<!-- tradeoff:begin -->`` and ``<!-- tradeoff:end -->``
+markers. A weight with fewer than three seeds is shown as exploratory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+from report import comparisons, load, reading, replace_between
+
+from mutor.eval.claims import format_interval
+
+HERE = Path(__file__).resolve().parent
+GROUPS = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep", "rg-gemma3-word-reversal")
+MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
+
+
+def weight(row: dict) -> Optional[float]:
+    """A MuToR run's loss weight a, from its resolved recipe (None where the row does not record it)."""
+    value = ((row.get("resolved_recipe") or {}).get("mutor") or {}).get("loss_weight")
+    return None if value is None else float(value)
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _validation(row: dict) -> Optional[float]:
+    """Validation exact match (points) at the run's selected checkpoint."""
+    for c in row.get("per_checkpoint") or []:
+        if c.get("checkpoint") == row.get("selected_checkpoint") and c.get("accuracy") is not None:
+            return 100 * c["accuracy"] if c["accuracy"] <= 1 else c["accuracy"]
+    return None
+
+
+def tradeoff(rows: list[dict], drafts: list[dict], groups=GROUPS) -> list[dict]:
+    """One entry per group and MuToR weight: ``group``, ``weight``, ``comparison`` (report.py's, on test exact
+    match), ``best_k`` and ``auto`` (speed-ups over greedy, geometric mean over the seeds with a drafting row),
+    ``draft_seeds``, ``validation`` (mean validation exact match of the weight's runs)."""
+    out = []
+    for group in groups:
+        mine = [r for r in rows if r["group"] == group]
+        comps = {c["comparison"]: c for c in comparisons(mine)
+                 if c["split"] == "test" and c["baseline"] == "next_token" and "loss" not in c["measure"]}
+        by_weight = defaultdict(list)
+        for r in mine:
+            if r["method"] == "mutor" and weight(r) is not None:
+                by_weight[weight(r)].append(r)
+        for a, runs in sorted(by_weight.items()):
+            labels = {("mutor" + (f" ({r['tag']})" if r["tag"] else "")) for r in runs}
+            comp = next((comps[f"{label} - next_token"] for label in sorted(labels)
+                         if f"{label} - next_token" in comps), None)
+            names = {r["run"] for r in runs}
+            rows_d = [d for d in drafts if d["group"] == group and d["run"] in names]
+            best = [max(v["speedup_vs_greedy"] for k, v in d["drafting"].items() if k not in ("K=1", "K=auto"))
+                    for d in rows_d]
+            auto = [d["drafting"]["K=auto"]["speedup_vs_greedy"] for d in rows_d if "K=auto" in d["drafting"]]
+            val = [v for v in map(_validation, runs) if v is not None]
+            out.append({"group": group, "weight": a, "comparison": comp, "best_k": _geomean(best),
+                        "auto": _geomean(auto), "draft_seeds": len(rows_d),
+                        "validation": sum(val) / len(val) if val else float("nan"), "runs": len(runs)})
+    return out
+
+
+def table(entries: list[dict]) -> str:
+    """The entries as a markdown table."""
+    lines = ["| group | a | seeds | MuToR − next-token, test exact match, points [95 % interval] | reading | "
+             "best fixed K vs greedy | `auto` vs greedy | validation exact match % |",
+             "|---|---:|---:|---|---|---:|---:|---:|"]
+    for e in entries:
+        c = e["comparison"]
+        diff, what, seeds = (format_interval(c["interval"]), reading(c), c["seeds"]) if c else ("-", "-", 0)
+        speed = lambda x: "-" if math.isnan(x) else f"{x:.2f}x"                   # noqa: E731
+        val = "-" if math.isnan(e["validation"]) else f"{e['validation']:.1f}"
+        lines.append(f"| {e['group']} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['best_k'])} | "
+                     f"{speed(e['auto'])} | {val} |")
+    return "\n".join(lines)
+
+
+def plot(entries: list[dict], path: str) -> None:
+    """Accuracy difference (points, 95 % interval) against the best fixed K's speed-up, one point per weight, one
+    colour per group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, group in enumerate(dict.fromkeys(e["group"] for e in entries)):
+        pts = [e for e in entries if e["group"] == group and e["comparison"] and not math.isnan(e["best_k"])]
+        if not pts:
+            continue
+        xs = [e["best_k"] for e in pts]
+        ys = [e["comparison"]["mean"] for e in pts]
+        lo = [y - e["comparison"]["interval"].low if not math.isnan(e["comparison"]["interval"].low) else 0
+              for y, e in zip(ys, pts)]
+        hi = [e["comparison"]["interval"].high - y if not math.isnan(e["comparison"]["interval"].high) else 0
+              for y, e in zip(ys, pts)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color=f"C{i}", capsize=3, label=group)
+        for x, y, e in zip(xs, ys, pts):
+            ax.annotate(f"a={e['weight']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("drafting speed-up over greedy, best fixed K (float32, CPU, batch size 1)")
+    ax.set_ylabel("MuToR − next-token, test exact match (points)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results.jsonl")
+    ap.add_argument("--drafting", type=Path, default=HERE / "drafting.jsonl")
+    ap.add_argument("--group", action="append", default=None, help="a group to show (repeatable; default: the sweep's)")
+    ap.add_argument("--plot", default=None, help="write the figure here (PNG)")
+    ap.add_argument("--markdown", type=Path, default=None, help="write the table between this file's markers")
+    args = ap.parse_args(argv)
+    entries = tradeoff(load(args.results), load(args.drafting), tuple(args.group or GROUPS))
+    text = table(entries)
+    print(text)
+    if args.plot:
+        plot(entries, args.plot)
+    if args.markdown:
+        doc = args.markdown.read_text()
+        if MARKS[0] not in doc or MARKS[1] not in doc:
+            raise SystemExit(f"{args.markdown}: no {MARKS[0]} ... {MARKS[1]} markers to write the table between")
+        args.markdown.write_text(replace_between(doc, text, *MARKS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
