@@ -38,8 +38,17 @@ MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
 
 
 def weight(row: dict) -> Optional[float]:
-    """A MuToR run's loss weight a, from its resolved recipe (None where the row does not record it)."""
+    """A MuToR run's loss weight a: from its resolved recipe; for a row without one, its ``mutor.loss_weight=``
+    override, else its recipe's own value (None where none is found)."""
     value = ((row.get("resolved_recipe") or {}).get("mutor") or {}).get("loss_weight")
+    for o in row.get("overrides") or []:
+        if value is None and o.startswith("mutor.loss_weight="):
+            value = o.split("=", 1)[1]
+    recipe = HERE.parents[1] / "configs" / f"{row.get('recipe', '')}.yaml"
+    if value is None and row.get("recipe") and recipe.is_file():
+        import yaml
+
+        value = ((yaml.safe_load(recipe.read_text()) or {}).get("mutor") or {}).get("loss_weight")
     return None if value is None else float(value)
 
 

@@ -58,3 +58,9 @@ def test_the_command_writes_the_figure_and_the_marked_block(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(SystemExit, match="no <!-- tradeoff:begin -->"):
         tradeoff.main(["--results", str(results), "--drafting", str(drafting), "--group", "g", "--markdown", str(doc)])
+
+
+def test_a_row_without_a_resolved_recipe_takes_its_weight_from_its_override_or_its_recipe():
+    assert tradeoff.weight({"overrides": ["seed=1", "mutor.loss_weight=0.05"]}) == 0.05
+    assert tradeoff.weight({"overrides": [], "recipe": "real/smollm2-135m-reasoning-gym"}) == 0.3
+    assert tradeoff.weight({"overrides": [], "recipe": "no/such-recipe"}) is None
