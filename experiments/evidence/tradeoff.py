@@ -31,6 +31,7 @@ from typing import Optional
 from report import comparisons, load, reading, replace_between
 
 from mutor.eval.claims import format_interval
+from mutor.run.recipe import load_recipe
 
 HERE = Path(__file__).resolve().parent
 GROUPS = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep", "rg-gemma3-word-reversal")
@@ -38,17 +39,18 @@ MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
 
 
 def weight(row: dict) -> Optional[float]:
-    """A MuToR run's loss weight a: from its resolved recipe; for a row without one, its ``mutor.loss_weight=``
-    override, else its recipe's own value (None where none is found)."""
+    """A MuToR run's loss weight a: from its resolved recipe; for a row without one, its recipe resolved with its
+    overrides as the run was; for a row naming no recipe, its ``mutor.loss_weight=`` override (None where none is
+    found)."""
     value = ((row.get("resolved_recipe") or {}).get("mutor") or {}).get("loss_weight")
-    for o in row.get("overrides") or []:
-        if value is None and o.startswith("mutor.loss_weight="):
-            value = o.split("=", 1)[1]
-    recipe = HERE.parents[1] / "configs" / f"{row.get('recipe', '')}.yaml"
-    if value is None and row.get("recipe") and recipe.is_file():
-        import yaml
-
-        value = ((yaml.safe_load(recipe.read_text()) or {}).get("mutor") or {}).get("loss_weight")
+    overrides = list(row.get("overrides") or [])
+    if value is None and row.get("recipe"):
+        try:
+            value = load_recipe(row["recipe"], overrides).mutor.get("loss_weight")
+        except FileNotFoundError:
+            return None
+    if value is None:
+        value = next((o.split("=", 1)[1] for o in overrides if o.startswith("mutor.loss_weight=")), None)
     return None if value is None else float(value)
 
 
@@ -74,9 +76,10 @@ def tradeoff(rows: list[dict], drafts: list[dict], groups=GROUPS) -> list[dict]:
         comps = {c["comparison"]: c for c in comparisons(mine)
                  if c["split"] == "test" and c["baseline"] == "next_token" and "loss" not in c["measure"]}
         by_weight = defaultdict(list)
-        for r in mine:
-            if r["method"] == "mutor" and weight(r) is not None:
-                by_weight[weight(r)].append(r)
+        for r in (r for r in mine if r["method"] == "mutor"):
+            a = weight(r)
+            if a is not None:
+                by_weight[a].append(r)
         for a, runs in sorted(by_weight.items()):
             labels = {("mutor" + (f" ({r['tag']})" if r["tag"] else "")) for r in runs}
             comp = next((comps[f"{label} - next_token"] for label in sorted(labels)

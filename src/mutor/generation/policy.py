@@ -42,7 +42,8 @@ class DraftSettings:
         "help": "Standard errors each acceptance is taken high and each cost low for exploring: which candidate "
                 "is worth trying."})
     explore: float = field(default=0.005, metadata={
-        "help": "The most of the decoding time exploring may lose (by the estimates): 0.005 is 0.5 %."})
+        "help": "The most of the decoding time exploring may lose, as measured after each explored round: "
+                "0.005 is 0.5 %."})
     smoothing: float = field(default=0.05, metadata={
         "help": "Weight of a new measurement in a row count's cost, after the mean of the first 1/smoothing."})
     level_gains: tuple = field(default=(0.0, 0.05, 0.3), metadata={

@@ -200,6 +200,8 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
     ``charge="mean"``: a recorded load's factor is charged at its row count's mean while the policy is told the
     drawn one (the policy still measures a noisy machine, but the seconds charged no longer depend on which
     factors the draws happened to give its forwards: two policies are compared on their choices, not on luck)."""
+    if charge not in ("drawn", "mean"):
+        raise ValueError(f"charge must be 'drawn' or 'mean', not {charge!r}")
     level, seen = [0.0], set()
 
     def cost(rows):
@@ -218,7 +220,7 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
         if spikes and rng.random() < spikes:
             f = rng.uniform(2.0, 3.0)
             c, told = c * f, told * f
-        return (c, own) if clock == "cpu" else (c, told) if charge == "mean" else c
+        return (c, own) if clock == "cpu" else (c, told)          # told is c unless charged the mean
     return cost
 
 
