@@ -56,6 +56,12 @@ def generations_path(results: Path, group: str, run: str, split: str) -> Path:
     return results.parent / "generations" / group / run / f"{split}.jsonl.gz"
 
 
+def reproduction_path(results: Path, group: str, run: str, split: str) -> Path:
+    """Where the scored generations of a row trained again (``reproduce.py --record``) are kept, beside the
+    results file."""
+    return results.parent / "reproductions" / group / run / f"{split}.jsonl.gz"
+
+
 def load(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -98,7 +104,10 @@ def runs_table(rows: list[dict], results: Optional[Path] = None) -> str:
                   (">= " if partial else "") + f"{r['train_cpu_seconds'] / 3600:.2f}", str(r["peak_rss_gb"])]
         if results:
             kept = [s for s in splits if generations_path(results, r["group"], r["run"], s).is_file()]
-            cells.append("all" if kept == [s for s in splits if s in r["splits"]] else ", ".join(kept) or "no")
+            again = [s for s in splits
+                     if s not in kept and reproduction_path(results, r["group"], r["run"], s).is_file()]
+            cells.append(("all" if kept == [s for s in splits if s in r["splits"]] else ", ".join(kept) or "no")
+                         + (f"; trained again: {', '.join(again)}" if again else ""))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -453,6 +462,22 @@ def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) ->
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
+def reproductions_table(rows: list[dict]) -> str:
+    """Rows trained and scored again (``reproduce.py --record``): per split and measure, the committed and the
+    fresh value, their difference, the tolerance (the committed value's 95 % per-example half-width), how many
+    per-example scores are the same, and the reading."""
+    out = ["| group | run | split | measure | committed | fresh | difference | tolerance (±) | same per-example "
+           "scores | reading | code (committed, fresh) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["group"], r["run"])):
+        for x in r["lines"]:
+            d = decimals(x["tolerance"], default=1)
+            same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
+            out.append(f"| {r['group']} | {r['run']} | {x['split']} | {x['measure']} | {x['committed']:.{d}f} | "
+                       f"{x['fresh']:.{d}f} | {x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | "
+                       f"{x['status']} | {r.get('committed_code') or '?'}, {r.get('code') or '?'} |")
+    return "\n".join(out)
+
+
 def first_hop_table(hops: list[dict]) -> str:
     """The registers on the first hop (first_hop.jsonl): per star-graph MuToR run, the next-token head's and each
     register offset's teacher-forced first-hop accuracy, and on the graphs whose arms start with different
@@ -518,6 +543,14 @@ def main(argv=None) -> int:
                "is the ratio of tokens per second; a run measured again (newer drafting code, a quiet machine; trained "
                "again where its checkpoints were gone, `driver.py --redraft --retrain`) shows its latest row; a prompt "
                "can differ from greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
+    again = load(args.results.with_name("reproductions.jsonl"))
+    if again:
+        md += ("\n\nRows trained and scored again from their plan entries (`reproduce.py GROUP/RUN --record`, into a "
+               "scratch directory, with the committed row's thread count; their answers are under "
+               "`experiments/evidence/reproductions/`): identical per-example scores are what the same kind of CPU and "
+               "library versions give; within tolerance, a difference no larger than the committed score's 95 % "
+               "per-example half-width (another summation order flips some answers):\n\n"
+               + reproductions_table(again))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:
         md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning "

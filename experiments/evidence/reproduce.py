@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Optional
 
 import driver
-from report import _per, generations_path, load
+from report import _per, generations_path, load, reproduction_path
 
 from mutor.eval.claims import decimals, t_critical
 from mutor.run.recipe import dotted_keys
@@ -145,6 +145,37 @@ def recipe_note(committed: dict, fresh: dict) -> str:
     return "resolved recipe: DIFFERS from the committed row's in " + ", ".join(keys)
 
 
+def record(results: Path, committed: dict, fresh: dict, lines: list[dict], generations: dict[str, Path]) -> Path:
+    """Keep a reproduction beside the committed rows: its verdict as a row of ``reproductions.jsonl`` (replacing
+    an earlier one of the same run) and its scored generations under ``reproductions/<group>/<run>/``.
+
+    Args:
+        results: The committed results file (the others are its siblings).
+        committed: The committed row.
+        fresh: The row trained and scored again.
+        lines: :func:`compare`'s lines.
+        generations: Split -> the fresh generations file (gzipped JSON lines).
+
+    Returns:
+        The reproductions file.
+    """
+    key = (committed["group"], committed["run"])
+    row = {"group": key[0], "run": key[1], "committed_code": committed.get("code"),
+           "committed_finished_at": committed.get("finished_at"), "code": fresh.get("code"),
+           "finished_at": fresh.get("finished_at"), "threads": fresh.get("threads"),
+           "reproduced": reproduced(lines), "identical": all(x["status"] == "identical" for x in lines),
+           "recipe": recipe_note(committed, fresh), "lines": lines}
+    path = results.with_name("reproductions.jsonl")
+    kept = [r for r in load(path) if (r["group"], r["run"]) != key]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
+    for split, src in generations.items():
+        if src.is_file():
+            dst = reproduction_path(results, *key, split)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", metavar="GROUP/RUN", help="the row to reproduce, e.g. rg-word-reversal/mutor_s0")
@@ -156,6 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=None, help="the committed rows (default: the plan's results)")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for training (default: the committed row's; another count sums in another order)")
+    ap.add_argument("--record", action="store_true",
+                    help="keep the verdict beside the committed rows (reproductions.jsonl, replacing an earlier one "
+                         "of this run) and the fresh generations under reproductions/<group>/<run>/; report.py "
+                         "shows them. Nothing is committed to git")
     args = ap.parse_args(argv)
 
     plan, runs = driver.load_plan(args.plan)
@@ -201,6 +236,10 @@ def main(argv=None) -> int:
     print(f"\ntraining next-token loss at the end: committed {committed.get('train_ntp_loss_last')}, "
           f"fresh {fresh.get('train_ntp_loss_last')}")
     print(recipe_note(committed, fresh))
+    if args.record:
+        kept_at = record(results, committed, fresh, lines,
+                         {s: generations_path(drv.results, *run.key, s) for s in splits})
+        print(f"recorded in {kept_at}")
     ok = reproduced(lines)
     print("reproduced" + (" (identical)" if all(x["status"] == "identical" for x in lines) else " (within tolerance)")
           if ok else "NOT reproduced: a difference beyond the committed row's 95 % per-example interval")

@@ -115,5 +115,36 @@ groups:
     fresh = json.loads((tmp_path / "scratch" / "results.jsonl").read_text())
     assert fresh["splits"]["test"]["per_example"] == row["splits"]["test"]["per_example"]
     assert (tmp_path / "scratch" / "generations" / "tiny" / "mutor_s0" / "test.jsonl.gz").is_file()
+    recorded = run(ROOT / "experiments/evidence/reproduce.py", "tiny/mutor_s0", "--plan", plan,
+                   "--scratch", tmp_path / "scratch", "--record")            # scored again, not trained again
+    assert recorded.returncode == 0 and "recorded in" in recorded.stdout, recorded.stdout + recorded.stderr
+    (verdict,) = [json.loads(x) for x in (tmp_path / "reproductions.jsonl").read_text().splitlines()]
+    assert verdict["reproduced"] and verdict["identical"] and verdict["lines"][0]["same_items"] == 4
+    assert (tmp_path / "reproductions" / "tiny" / "mutor_s0" / "test.jsonl.gz").is_file()
+    assert (tmp_path / "results.jsonl").read_text() == committed
     missing = run(ROOT / "experiments/evidence/reproduce.py", "tiny/next_token_s0", "--plan", plan)
     assert missing.returncode != 0 and "no such run" in missing.stderr
+
+
+def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
+    import gzip
+
+    import report
+
+    results = tmp_path / "results.jsonl"
+    committed, fresh = _row([1.0, 0.0, 1.0, 1.0], code="aaa"), _row([1.0, 0.0, 0.0, 1.0], code="bbb")
+    answers = tmp_path / "fresh.jsonl.gz"
+    with gzip.open(answers, "wt") as f:
+        f.write('{"generation": "x"}\n')
+    lines = reproduce.compare(committed, fresh)
+    for _ in range(2):                                     # recorded twice: the later replaces the earlier
+        reproduce.record(results, committed, fresh, lines, {"test": answers})
+    (row,) = report.load(results.with_name("reproductions.jsonl"))
+    assert row["reproduced"] and not row["identical"] and row["code"] == "bbb"
+    assert report.reproduction_path(results, "g", "mutor_s0", "test").read_bytes() == answers.read_bytes()
+    table = report.reproductions_table([row])
+    assert "| g | mutor_s0 | test | exact match (points) |" in table
+    assert "| 3/4 | within tolerance | aaa, bbb |" in table
+    assert "no; trained again: test" in report.runs_table([{**committed, "method": "mutor", "tag": "", "seed": 0,
+                                                            "epochs": 1, "selected_checkpoint": "checkpoint-1",
+                                                            "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
