@@ -9,6 +9,7 @@ task prompts and prints a comparison of fixed K = 2..d_max and ``auto`` against 
     python -m benchmarks.draft_replay RUN/checkpoint-125 --task reasoning_gym --traces traces.json
                                             # the row costs again (on a quiet machine), into traces.json
     python -m benchmarks.draft_replay --traces traces.json [--costs 60,64,67,...]   # replay: K = 1..d_max, auto
+    python -m benchmarks.draft_replay --traces traces.json --repeats 12 --shuffle   # over 12 orders of the prompts
     python -m benchmarks.draft_replay --traces traces.json --repeats 10 \
         --load benchmarks/draft_traces/forward_times/wr3ep0_fp32_{quiet,beside_training}.json   # under a recorded load
     python -m benchmarks.draft_replay --traces traces.json --sample 20 --draws 100 --load ...
@@ -102,6 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cold", type=float, default=1.0, help="the first forward of each row count costs this many "
                     "times more (a shape's warm-up: kernels loaded, primitives made), e.g. 3")
     ap.add_argument("--repeats", type=int, default=1, help="noise draws, summed")
+    ap.add_argument("--shuffle", action="store_true", help="each draw after the first decodes the prompts in "
+                    "another order (a policy learns as it decodes: one order is one path of its choices)")
     ap.add_argument("--sample", type=int, default=None, help="instead: the spread of a measurement on this many "
                                                              "prompts (e.g. 20, as drafting.py), over --draws draws")
     ap.add_argument("--draws", type=int, default=100, help="with --sample: random prompt samples and cost draws")
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
                      drift=args.drift, clock=args.clock, cold=args.cold)
     else:
         out = compare(traces, costs, policies, noise=args.noise, spikes=args.spikes, repeats=args.repeats, load=load,
-                      drift=args.drift, clock=args.clock, cold=args.cold)
+                      drift=args.drift, clock=args.clock, cold=args.cold, shuffle=args.shuffle)
     print(json.dumps(out, indent=1))
     return 0
 

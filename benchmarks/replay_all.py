@@ -7,12 +7,14 @@ table, so that a change to the policy is seen on all nine sets at once before it
     python -m benchmarks.replay_all --auto explore=0.01   # a setting changed (a DraftSettings field)
     PYTHONPATH=/tmp/variant/src python -m benchmarks.replay_all --json variant.json   # another tree's policy
 
-Quiet: the traces' own row costs. Recorded: the policy is told each forward's cost times a factor drawn from the
-per-forward times recorded beside a training run (``forward_times/wr3ep0_fp32_{quiet,beside_training}.json``) and
-charged its row count's mean factor (so that the table reads the policy's choices, not its draws' luck), 12
-draws. Moving: times exp(x), x a slow random walk (drift 0.1), 240 draws (with 60, a cell still moves by +-0.3 %
-with its draws). A figure below 0.99 (marked *) fails the tests, unless they list it as an expected failure
-(``XFAIL``).
+Quiet: the traces' own row costs, 12 orders of the prompts. Recorded: the policy is told each forward's cost times
+a factor drawn from the per-forward times recorded beside a training run
+(``forward_times/wr3ep0_fp32_{quiet,beside_training}.json``) and charged its row count's mean factor (so that the
+table reads the policy's choices, not its draws' luck), 12 draws. Moving: times exp(x), x a slow random walk
+(drift 0.1), 240 draws (with 60, a cell still moves by +-0.3 % with its draws). Every draw after the first decodes
+the prompts in another order: the policy learns as it decodes, and one order is one path of its choices (the
+same prompts reordered moved a quiet cell by 2-3 %). A figure below 0.99 (marked *) fails the tests, unless they
+list it as an expected failure (``XFAIL``).
 """
 
 from __future__ import annotations

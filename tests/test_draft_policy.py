@@ -116,3 +116,46 @@ def test_a_draft_not_fed_is_settled_by_the_tokens_decoded_after_it():
     proposer.update(proposer.propose(10, set()), Outcome(0, [8], [], None, 1, 1.0))
     proposer.update(proposer.propose(10, set()), Outcome(0, [5], [], None, 1, 1.0))   # its third is wrong
     assert seen == [(3, 2, True)]
+
+
+def test_an_offset_drafts_reached_only_as_an_answers_end_adds_no_tokens():
+    policy = DraftPolicy(4)
+    for _ in range(20):                                    # answers of a few tokens: each draft is one right
+        policy.observe(1, 1, ended=True)                   # token, then the eos it foresaw
+    acceptance = policy.acceptance
+    assert acceptance.estimate(2) > 0.9 and acceptance.estimate(3) == 0.0
+    assert acceptance.expected(4)[0] == pytest.approx(acceptance.expected(2)[0])
+    assert acceptance.estimate(3, optimistic=True) > 0.5   # still worth exploring
+    policy.observe(2, 2)                                   # a draft checked at offset 3: its estimate counts
+    assert acceptance.estimate(3) > 0.5
+
+
+def _drafting_policy() -> DraftPolicy:
+    """A policy that has learned to draft long: drafts kept, rows nearly free."""
+    policy = DraftPolicy(4)
+    _learn(policy, 1.0, lambda rows: 1.0 + 0.01 * rows)
+    return policy
+
+
+def test_the_answers_last_round_feeds_a_draft_likely_kept_without_registers():
+    assert _drafting_policy().plan(1, ends=True) == (1, 0, False)     # kept, it ends the answer: nothing after
+    assert _drafting_policy().plan(0, ends=True) == (0, 0, False)     # no draft, the eos next: no register
+
+
+def test_the_answers_last_round_feeds_registers_where_its_draft_is_likely_rejected():
+    policy = _drafting_policy()
+    for _ in range(50):                                    # the prompt's registers draft wrong
+        policy.observe(3, 0, first=True)
+    j, registers, tail = policy.plan(2, first=True, ends=True)
+    assert registers > 0                                   # a rejection leaves the next round a draft
+
+
+def test_an_eos_foreseen_earlier_stops_registers_before_the_answers_end():
+    eos = 9
+    foreseeing = RegisterProposer(_drafting_policy())
+    foreseeing.draft = [5, eos]                           # the registers foresee: 5, then the end
+    proposal = foreseeing.propose(room=10, eos={eos})
+    foreseeing.update(proposal, Outcome(0, [5], [], None, 2, 1.0))    # 5 decoded; no draft for the next round
+    assert foreseeing.propose(room=10, eos={eos}).registers == 0     # the eos is next: registers would draft it
+    unaware = RegisterProposer(_drafting_policy())
+    assert unaware.propose(room=10, eos={eos}).registers > 0

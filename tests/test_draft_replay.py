@@ -85,6 +85,24 @@ def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     assert out["K=4"]["forwards"] < 30
 
 
+def test_compare_decodes_the_prompts_in_other_orders_after_the_first_draw(monkeypatch):
+    import mutor.generation.replay as replay_module
+
+    seen = []
+
+    def watched(policy, trace, *args, **kwargs):
+        seen.append(trace["prompt_len"])
+        return replay(policy, trace, *args, **kwargs)
+    monkeypatch.setattr(replay_module, "replay", watched)
+    traces = {"eos": [], "max_new_tokens": 2, "d_max": 2,
+              "traces": [{"prompt_len": n, "answer": [7, 8], "drafts": [[7], [8], [8]]} for n in range(1, 9)]}
+    compare(traces, {1: 1.0}, {"again": lambda: FixedDraft(1)}, prompt_seconds=0.0, repeats=3, shuffle=True)
+    plain, again = seen[:24], seen[24:]
+    assert plain[:8] == list(range(1, 9))                  # the first draw: the recorded order
+    assert sorted(plain[8:16]) == sorted(plain[16:]) == list(range(1, 9)) and plain[8:16] != plain[16:]
+    assert again == plain                                  # every policy decodes the same orders
+
+
 def test_row_costs_times_every_row_count_and_the_prompt_and_leaves_the_model_unchanged():
     ids, target, model = _model(6, 4)
     costs = row_costs(model, ids[0].tolist(), 5, reps=2)
@@ -99,12 +117,10 @@ FORWARD_TIMES = TRACES[0].parent / "forward_times"
 # Every recorded trace set must pass the three replays below (quiet, recorded load, moving load). A set known to
 # fail one of them is listed here with the reason and the kinds it fails, and runs as a strict xfail, so that a
 # change to the policy that fixes it, or breaks another set, shows.
-ALL = {"quiet", "recorded", "moving"}
 XFAIL: dict[str, tuple[str, set]] = {
-    "sp1_fp32_val": ("no fixed K pays in float32 (K=2 0.998x) and answers are 4 tokens: registers fed for a next "
-                     "round that is the last cost auto 0.989x plain quiet, 0.97-0.98x under a load", ALL),
     "sr1_fp32_val": ("no fixed K pays in float32 (K=2 0.84x); finding that out under a load costs auto "
-                     "0.98-0.99x plain (0.990x quiet)", {"recorded", "moving"}),
+                     "0.98-0.99x plain (0.991x quiet): a plain forward timed high a few times early makes a "
+                     "draft look worth its rows until plain decoding is timed again", {"recorded", "moving"}),
 }
 
 
@@ -126,15 +142,15 @@ def expected(kind: str) -> list:
 
 @pytest.mark.parametrize("path", expected("quiet"), ids=[p.stem for p in TRACES])
 def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fixed_k(path):
-    """Traces recorded from the evidence runs (validation prompts, row costs measured on this CPU): replayed,
-    ``auto`` is at least 0.99x plain decoding and within 5 % of the best fixed K in hindsight."""
+    """Traces recorded from the evidence runs (validation prompts, row costs measured on this CPU): replayed over
+    12 orders of the prompts, ``auto`` is at least 0.99x plain decoding and within 5 % of the best fixed K in
+    hindsight."""
     traces = json.loads(path.read_text())
-    costs = trace_costs(traces)
     k_max = traces["d_max"]
-    out = compare(traces, costs, {**{f"K={k}": (lambda k=k: FixedDraft(k)) for k in range(2, k_max + 1)},
-                                  "auto": lambda: DraftPolicy(k_max)})
-    best = max(r["speedup"] for r in out.values())
-    assert out["auto"]["speedup"] >= 0.99 and out["auto"]["speedup"] >= 0.95 * best, out
+    fixed = compare(traces, trace_costs(traces), {f"K={k}": (lambda k=k: FixedDraft(k)) for k in range(2, k_max + 1)})
+    best = max(r["speedup"] for r in fixed.values())         # a fixed K learns nothing: one order is every order
+    auto = replay_auto(traces, "quiet")["auto"]["speedup"]
+    assert auto >= 0.99 and auto >= 0.95 * best, (auto, fixed)
 
 
 def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_the_cost():

@@ -6,7 +6,8 @@ Three parts, each doing one thing, and their settings in one frozen dataclass:
   draft of its round was (discounted counts);
 - :class:`RowCosts`: the seconds of a forward by its number of rows, at a speed level shared by every row count
   (a load on the machine slows them alike);
-- :class:`DraftPolicy`: the choice: the candidate with the most expected tokens per second.
+- :class:`DraftPolicy`: the choice: the candidate with the most expected tokens per second (in an answer's last
+  round, the feed that finishes it soonest).
 
 The choice exploits the estimates, and explores on a budget: where the candidate that is best when every
 acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it
@@ -88,7 +89,9 @@ class Acceptance:
 
     Kept over checked drafts, with two drafts at the ``prior``'s estimate (else one kept and one rejected) as
     prior; at each check every earlier draft weighs ``memory`` times less, and each round every count (the prior
-    too) ``forget`` times less: the estimate stays, its uncertainty grows back.
+    too) ``forget`` times less: the estimate stays, its uncertainty grows back. An offset that no draft has been
+    checked at, because every draft that reached it foresaw the answer's end there (answers too short for it),
+    adds nothing to a round's expected tokens: its prior would promise tokens no round can give.
 
     Args:
         k_max: The longest draft length K (offsets 2..K).
@@ -101,19 +104,25 @@ class Acceptance:
         self.checked = [0.0] * (k_max + 1)                # discounted counts per offset d (index d)
         self.kept = [0.0] * (k_max + 1)
         self.weight = [2.0] * (k_max + 1)                 # the prior's, in drafts
+        self.reached = [False] * (k_max + 1)              # a draft was ever checked at offset d
+        self.ended = [False] * (k_max + 1)                # a draft reached offset d as the answer's eos
 
-    def observe(self, drafted: int, kept: int) -> None:
+    def observe(self, drafted: int, kept: int, ended: bool = False) -> None:
         """One draft checked: of its ``drafted`` tokens (offsets 2, 3, ...) the first ``kept`` were right.
 
         Args:
             drafted: Draft tokens checked.
             kept: Of those, how many were right, from the first.
+            ended: The draft foresaw the eos right after its tokens, and they were all right.
         """
         m = self.settings.memory
         for d in range(2, min(drafted, kept + 1) + 2):     # checked: every token up to the first wrong one
             self.checked[d] = m * self.checked[d] + 1
             self.kept[d] = m * self.kept[d] + (d - 2 < kept)
             self.weight[d] *= m
+            self.reached[d] = True
+        if ended and kept == drafted and drafted + 2 < len(self.ended):
+            self.ended[drafted + 2] = True
 
     def forget(self) -> None:
         """A round passed: every count loses a little weight (``revisit``)."""
@@ -121,7 +130,10 @@ class Acceptance:
         self.checked, self.kept, self.weight = ([f * c for c in v] for v in (self.checked, self.kept, self.weight))
 
     def estimate(self, d: int, optimistic: bool = False) -> float:
-        """The acceptance of offset d (``optimistic``: ``optimism`` standard errors high, at most 1)."""
+        """The acceptance of offset d (``optimistic``: ``optimism`` standard errors high, at most 1; 0 where drafts
+        reached d only as answers' ends)."""
+        if not optimistic and self.ended[d] and not self.reached[d]:
+            return 0.0
         p0 = 0.5 if self.prior is None else self.prior.estimate(d)
         n = self.checked[d] + self.weight[d]
         p = (self.kept[d] + self.weight[d] * p0) / n
@@ -244,10 +256,10 @@ class RowCosts:
         return table
 
 
-def rows(feed: int, registers: int, tail: bool) -> int:
+def rows(feed: int, registers: int, tail: bool, last: bool = False) -> int:
     """Rows of a forward of ``feed`` tokens with ``registers`` registers after each of them (``tail``: after the
-    last one only)."""
-    return feed + registers * (1 if tail else feed)
+    last one only); ``last``: keeping the last fed token ends the answer, so no register follows it."""
+    return feed + registers * max((1 if tail else feed) - last, 0)
 
 
 class DraftPolicy:
@@ -271,7 +283,8 @@ class DraftPolicy:
     the in-answer one. Answers can be too short for the steady state, so the round after the prompt's feeds the
     part of that draft (and the registers after it) that gains the most tokens over the steady rate for the time
     it takes, and the prompt's forward feeds registers for what that round would feed, each priced at a row of
-    the prompt's forward.
+    the prompt's forward. A round whose draft, kept whole, ends the answer takes the feed that finishes the
+    answer soonest (:meth:`plan`), since no steady state follows it.
 
     Exploring: see the module. One instance can decode many prompts: what it learned carries over, so short
     answers do not each pay for learning the costs. Until a plain forward is timed, a round feeds no draft and
@@ -361,20 +374,52 @@ class DraftPolicy:
         Args:
             drafted: Draft tokens at hand (what the registers after the newest kept token drafted).
             first: The draft is the prompt's registers' (the round after the prompt's).
-            ends: Kept whole, the draft ends the answer (it foresaw the eos, or it fills ``max_new_tokens``).
+            ends: Kept whole, the draft ends the answer (it foresaw the eos, or it fills ``max_new_tokens``); with
+                no draft at hand, the answer ends with this round's token or the next (no register can help).
 
         Returns:
             ``(j, r, tail)``: feed j of the drafted tokens after the newest kept token, and r registers after each
             fed token (``tail``: after the last one only).
         """
-        if ends and drafted:                               # only this round counts: no register needed
-            return self._gainful(drafted, 0, self.first if first else self.acceptance)[0], 0, False
+        if ends:                                           # the answer's last round, if its draft is kept
+            return self._finish(drafted, first) if drafted else (0, 0, False)
+        return self._round(drafted, first)
+
+    def _round(self, drafted: int, first: bool) -> tuple[int, int, bool]:
+        """This round's forward as if the answer went on (the steady choice, or the prompt's draft's part)."""
         k, tail = self.best(explore=True)
         if first:                                          # the prompt's draft, at its own acceptance
             j, tail = self._gainful(drafted, k - 1, self.first)
         else:
             j = min(drafted, k - 1)
         return j, self._registers(j + 1, k - 1, tail), tail
+
+    def _finish(self, drafted: int, first: bool) -> tuple[int, int, bool]:
+        """A round whose draft, kept whole, ends the answer: the feed that finishes it soonest, in expected
+        seconds: this round, then the tokens a rejected draft leaves, at plain decoding's pace where no register
+        follows a kept token, else at the steady pace. The usual round feeds registers (they draft the next round
+        where the draft is rejected), the others none; the steady rate does not apply here, since no steady state
+        follows the answer's end."""
+        if 1 not in self.costs.ratio:                      # nothing timed yet: the whole draft, no register
+            return drafted, 0, False
+        acceptance = self.first if first else self.acceptance
+        plain = self.costs.seconds(1)
+        steady = min(1 / self.rate(*self.best()), plain)   # seconds a token where a draft is at hand
+
+        def seconds(option: tuple[int, int, bool]) -> float:
+            j, r, tail = option
+            tokens = acceptance.expected(j + 1)[0]
+            return self.costs.seconds(rows(j + 1, r, tail, j == drafted)) + (drafted + 1 - tokens) * (
+                steady if r else plain)
+        explored = self._explored
+        j, r, tail = usual = self._round(drafted, first)
+        if rows(j + 1, r, tail, j == drafted) == j + 1:    # no register follows the token that ends the answer
+            usual = (j, 0, False)
+        options = [(j, 0, False) for j in range(min(drafted, self.k_max - 1) + 1)] + [usual]
+        choice = min(options, key=seconds)                 # the first of equals: fewer registers
+        if choice != usual:
+            self._explored = explored                      # only the usual round may explore
+        return choice
 
     def _gainful(self, drafted: int, r: int, acceptance: Acceptance, extra: float = 0.0) -> tuple[int, bool]:
         """``(j, tail)``: the feed of at most ``drafted`` drafted tokens, with r registers after them, that gains
@@ -428,15 +473,16 @@ class DraftPolicy:
         self.costs.forget()
         self.costs.record(rows, seconds)
 
-    def observe(self, drafted: int, kept: int, first: bool = False) -> None:
+    def observe(self, drafted: int, kept: int, first: bool = False, ended: bool = False) -> None:
         """A draft checked (fed and verified, or settled by the tokens decoded after it).
 
         Args:
             drafted: Its tokens.
             kept: Of those, how many were right, from the first.
             first: The prompt's registers drafted it.
+            ended: It foresaw the eos right after its tokens (see :class:`Acceptance`).
         """
-        (self.first if first else self.acceptance).observe(drafted, kept)
+        (self.first if first else self.acceptance).observe(drafted, kept, ended)
         self._steady = None
 
     def state(self) -> dict:
@@ -479,7 +525,7 @@ class FixedDraft:
     def record(self, rows: int, seconds: float, prompt: bool = False, tokens: int = 1) -> None:
         """Nothing to learn."""
 
-    def observe(self, drafted: int, kept: int, first: bool = False) -> None:
+    def observe(self, drafted: int, kept: int, first: bool = False, ended: bool = False) -> None:
         """Nothing to learn."""
 
     def state(self) -> dict:

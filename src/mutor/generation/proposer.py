@@ -7,7 +7,9 @@ previous round (the registers after the newest kept token), and the policy (:mod
 decides how much of it, and how many registers, the round feeds.
 
 Every draft the registers make is checked against the tokens decoded after it, fed or not (greedy decoding), so
-the acceptance is learned without feeding anything: a plain round settles the draft it did not feed.
+the acceptance is learned without feeding anything: a plain round settles the draft it did not feed. An eos a
+draft foresaw stays foreseen while the tokens decoded follow that draft, so the policy knows a round is the
+answer's last but one even when it has no draft at hand.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ class RegisterProposer:
         self.draft: list[int] = []
         self.q: Optional[torch.Tensor] = None
         self.first = False                                 # the draft at hand is the prompt's registers'
-        self.watched: list[list] = []                      # [draft, tokens of it decoded as drafted, first]
+        self.watched: list[list] = []                      # [draft, tokens decoded as drafted, first, eos after]
+        self.foreseen: Optional[list[int]] = None          # a draft's tokens before its eos, not decoded yet
 
     def propose(self, room: int, eos: set[int], prompt: bool = False) -> Proposal:
         """This round's feed after the newest kept token.
@@ -120,12 +123,20 @@ class RegisterProposer:
             The proposal; no register follows a token whose keeping ends decoding.
         """
         if prompt:
+            self.foreseen = None
             r = self.policy.prompt_registers() if room > 0 else 0
             return Proposal([], None, r, [0] if r else [])
         usable, at_eos = until_end(self.draft, eos, room, self.sampled)
         if usable and not self.sampled:                    # fed or not, the decoded tokens settle it
-            self.watched.append([list(usable), 0, self.first])
-        j, r, tail = self.policy.plan(len(usable), self.first, at_eos or len(usable) >= room)
+            self.watched.append([list(usable), 0, self.first, at_eos])
+        if at_eos and not self.sampled:
+            self.foreseen = list(usable)
+            if not usable:                                 # a draft of the eos alone
+                self.policy.observe(0, 0, self.first, ended=True)
+        # with no draft at hand, an eos foreseen earlier and still on course ends the answer within this round's
+        # token and the next: registers would draft only the eos
+        near = not usable and self.foreseen is not None and len(self.foreseen) <= 1
+        j, r, tail = self.policy.plan(len(usable), self.first, at_eos or len(usable) >= room or near)
         draft = usable[:j]
         q = self.q[:len(draft)] if self.q is not None and draft else None
         # keeping it all ends decoding: the draft foresaw the eos right after it, or it fills max_new_tokens
@@ -148,15 +159,19 @@ class RegisterProposer:
 
     def _settle(self, tokens: list[int]) -> None:
         """Tokens just decoded, in order: each watched draft is settled at its first token that differs, or when
-        all of it has been decoded."""
+        all of it has been decoded; a foreseen eos stays foreseen while the tokens follow its draft."""
         for t in tokens:
+            if self.foreseen:
+                self.foreseen = self.foreseen[1:] if t == self.foreseen[0] else None
+            elif self.foreseen is not None:                # the eos was due: it came, or the foresight was wrong
+                self.foreseen = None
             going = []
             for w in self.watched:
-                draft, seen, first = w
+                draft, seen, first, eos_after = w
                 if t != draft[seen]:
                     self.policy.observe(len(draft), seen, first)
                 elif seen + 1 == len(draft):
-                    self.policy.observe(len(draft), len(draft), first)
+                    self.policy.observe(len(draft), len(draft), first, eos_after)
                 else:
                     w[1] += 1
                     going.append(w)
@@ -164,7 +179,7 @@ class RegisterProposer:
 
     def finish(self) -> None:
         """Decoding ended before the watched drafts were settled: the tokens checked so far count."""
-        for draft, seen, first in self.watched:
+        for draft, seen, first, _ in self.watched:
             if seen:
                 self.policy.observe(seen, seen, first)
         self.watched = []

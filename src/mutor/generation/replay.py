@@ -38,9 +38,12 @@ from .proposer import RegisterProposer
 
 # The loads a policy is held to (benchmarks/replay_all.py, tests/test_draft_replay.py), as :func:`compare` keyword
 # arguments: the trace's own costs; each forward told a factor drawn from a recorded load (``load``, from
-# :func:`load_ratios`, added by the caller) and charged that row count's mean factor, 12 draws; a slow random
-# walk, 240 draws (told and charged alike: a load that moves is one a policy can follow).
-LOADS = {"quiet": {}, "recorded": {"repeats": 12, "charge": "mean"}, "moving": {"drift": 0.1, "repeats": 240}}
+# :func:`load_ratios`, added by the caller) and charged that row count's mean factor; a slow random walk (told and
+# charged alike: a load that moves is one a policy can follow). Each over many prompt orders (``shuffle``): a
+# policy learns as it decodes, so one order is one path of its choices, and the same 50 prompts in another order
+# moved a quiet replay by 2-3 % (standard deviation over 12 orders), more than the differences it is read for.
+LOADS = {"quiet": {"repeats": 12, "shuffle": True}, "recorded": {"repeats": 12, "charge": "mean", "shuffle": True},
+         "moving": {"drift": 0.1, "repeats": 240, "shuffle": True}}
 
 
 def trace_costs(traces: dict) -> dict[int, float]:
@@ -227,13 +230,14 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
 def compare(traces: dict, costs: dict[int, float], policies: dict[str, Callable[[], object]],
             prompt_seconds: Optional[float] = None, noise: float = 0.0, spikes: float = 0.0, repeats: int = 1,
             load: Optional[dict[int, list[float]]] = None, drift: float = 0.0, clock: str = "wall",
-            cold: float = 1.0, charge: str = "drawn") -> dict:
+            cold: float = 1.0, charge: str = "drawn", shuffle: bool = False) -> dict:
     """Seconds of each policy over every trace (one policy instance for all prompts, as ``mutor eval``), and
     its speed against plain decoding (K = 1) on the same table. ``noise``: each forward takes its table cost
     times exp(N(0, noise)), and with probability ``spikes`` 2-3x that (a machine's load); ``load``
     (:func:`load_ratios`): times a factor drawn from a recorded load's, its row count's or else one row's. The
     policy is told what it took; ``charge="mean"``: charged the load's mean factor instead (see ``_drawn``).
-    ``repeats``: that many draws (seeds 0, 1, ...), summed."""
+    ``repeats``: that many draws (seeds 0, 1, ...), summed; ``shuffle``: each draw after the first decodes the
+    prompts in another order (shuffled by its seed; the same for every policy)."""
     eos, table, p_sec = _setup(traces, costs, prompt_seconds)
     out = {}
     for name, make in {"K=1": lambda: FixedDraft(1), **policies}.items():
@@ -241,7 +245,10 @@ def compare(traces: dict, costs: dict[int, float], policies: dict[str, Callable[
         for seed in range(repeats):
             cost = _drawn(table, random.Random(seed), noise, spikes, load, drift, clock, cold, charge)
             policy = make()
-            for tr in traces["traces"]:
+            order = list(traces["traces"])
+            if shuffle and seed:
+                random.Random(seed).shuffle(order)
+            for tr in order:
                 r = replay(policy, tr, traces["max_new_tokens"], eos, cost, p_sec)
                 total.update({"seconds": r["seconds"], "forwards": r["forwards"], "new_tokens": r["new_tokens"]})
                 total.update({f"K={k}": v for k, v in r["rounds"].items()})
