@@ -465,7 +465,7 @@ def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) ->
 def reproductions_table(rows: list[dict]) -> str:
     """Rows trained and scored again (``reproduce.py --record``): per split and measure, the committed and the
     fresh value, their difference, the tolerance (the committed value's 95 % per-example half-width), how many
-    per-example scores are the same, and the reading."""
+    per-example scores are the same, and the reading (none where the fresh run trained in another precision)."""
     out = ["| group | run | split | measure | committed | fresh | difference | tolerance (±) | same per-example "
            "scores | reading | code (committed, fresh) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["group"], r["run"])):
@@ -474,7 +474,8 @@ def reproductions_table(rows: list[dict]) -> str:
             same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
             out.append(f"| {r['group']} | {r['run']} | {x['split']} | {x['measure']} | {x['committed']:.{d}f} | "
                        f"{x['fresh']:.{d}f} | {x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | "
-                       f"{x['status']} | {r.get('committed_code') or '?'}, {r.get('code') or '?'} |")
+                       f"{x['status'] if r.get('same_precision', True) else 'not comparable: ' + r['precision']} | "
+                       f"{r.get('committed_code') or '?'}, {r.get('code') or '?'} |")
     return "\n".join(out)
 
 
@@ -549,7 +550,8 @@ def main(argv=None) -> int:
                "scratch directory, with the committed row's thread count; their answers are under "
                "`experiments/evidence/reproductions/`): identical per-example scores are what the same kind of CPU and "
                "library versions give; within tolerance, a difference no larger than the committed score's 95 % "
-               "per-example half-width (another summation order flips some answers):\n\n"
+               "per-example half-width (another summation order flips some answers); not comparable, a run trained "
+               "in another precision (a CPU without fast bf16 trains a bf16 recipe in float32):\n\n"
                + reproductions_table(again))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:

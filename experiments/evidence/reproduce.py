@@ -24,6 +24,10 @@ What counts as reproduced, for each split compared (exit status 0 when every one
   never reads a difference on a narrower interval than the per-example one).
 * ``NOT reproduced``: a larger difference.
 
+A run trained in another precision than the row's is printed but not read either way (``NOT comparable``, exit
+status 1): a CPU without fast bf16 trains a bf16 recipe in float32 instead, which is another experiment, not another
+summation order.
+
 The held-out answer loss (where the row has one) is compared the same way, with its own standard error.
 """
 
@@ -145,9 +149,35 @@ def recipe_note(committed: dict, fresh: dict) -> str:
     return "resolved recipe: DIFFERS from the committed row's in " + ", ".join(keys)
 
 
+def _precision(row: dict) -> str:
+    """A row's training precision in words (``precision`` as the driver records it)."""
+    p = row.get("precision") or {}
+    if not p:
+        return "not recorded"
+    return f"{p.get('model_dtype')} weights" + (", bf16 autocast" if p.get("bf16_autocast") else "") + \
+        (" (fell back: the CPU has no fast bf16)" if p.get("fallback") else "")
+
+
+def precision_note(committed: dict, fresh: dict) -> str:
+    """Whether the fresh run trained in the committed row's precision. A CPU without fast bf16 trains a bf16 recipe
+    in float32 instead (with a notice): that is another experiment, not another summation order, so its scores say
+    nothing about whether the row reproduces."""
+    a, b = committed.get("precision") or {}, fresh.get("precision") or {}
+    keys = ("model_dtype", "bf16_autocast")
+    if not a or all(a.get(k) == b.get(k) for k in keys):
+        return "precision: the same as the committed row's" if a else "precision: the committed row records none"
+    return f"precision: DIFFERS: committed {_precision(committed)}, fresh {_precision(fresh)}"
+
+
+def same_precision(committed: dict, fresh: dict) -> bool:
+    """Whether the fresh run trained in the committed row's precision (see :func:`precision_note`)."""
+    return not precision_note(committed, fresh).startswith("precision: DIFFERS")
+
+
 def record(results: Path, committed: dict, fresh: dict, lines: list[dict], generations: dict[str, Path]) -> Path:
     """Keep a reproduction beside the committed rows: its verdict as a row of ``reproductions.jsonl`` (replacing
-    an earlier one of the same run) and its scored generations under ``reproductions/<group>/<run>/``.
+    an earlier one of the same run) and, where it trained in the row's precision, its scored generations under
+    ``reproductions/<group>/<run>/``.
 
     Args:
         results: The committed results file (the others are its siblings).
@@ -163,13 +193,15 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
     row = {"group": key[0], "run": key[1], "committed_code": committed.get("code"),
            "committed_finished_at": committed.get("finished_at"), "code": fresh.get("code"),
            "finished_at": fresh.get("finished_at"), "threads": fresh.get("threads"),
-           "reproduced": reproduced(lines), "identical": all(x["status"] == "identical" for x in lines),
-           "recipe": recipe_note(committed, fresh), "lines": lines}
+           "reproduced": reproduced(lines) and same_precision(committed, fresh),
+           "identical": all(x["status"] == "identical" for x in lines),
+           "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
+           "same_precision": same_precision(committed, fresh), "lines": lines}
     path = results.with_name("reproductions.jsonl")
     kept = [r for r in load(path) if (r["group"], r["run"]) != key]
     path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
-    for split, src in generations.items():
-        if src.is_file():
+    for split, src in generations.items():            # the answers of another experiment are not the row's
+        if same_precision(committed, fresh) and src.is_file():
             dst = reproduction_path(results, *key, split)
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(src.read_bytes())
@@ -236,10 +268,14 @@ def main(argv=None) -> int:
     print(f"\ntraining next-token loss at the end: committed {committed.get('train_ntp_loss_last')}, "
           f"fresh {fresh.get('train_ntp_loss_last')}")
     print(recipe_note(committed, fresh))
+    print(precision_note(committed, fresh))
     if args.record:
         kept_at = record(results, committed, fresh, lines,
                          {s: generations_path(drv.results, *run.key, s) for s in splits})
         print(f"recorded in {kept_at}")
+    if not same_precision(committed, fresh):
+        print("NOT comparable: trained in another precision than the row's (a CPU with fast bf16 reproduces it)")
+        return 1
     ok = reproduced(lines)
     print("reproduced" + (" (identical)" if all(x["status"] == "identical" for x in lines) else " (within tolerance)")
           if ok else "NOT reproduced: a difference beyond the committed row's 95 % per-example interval")

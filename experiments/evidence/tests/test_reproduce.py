@@ -148,3 +148,21 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
     assert "no; trained again: test" in report.runs_table([{**committed, "method": "mutor", "tag": "", "seed": 0,
                                                             "epochs": 1, "selected_checkpoint": "checkpoint-1",
                                                             "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
+
+
+def test_a_run_trained_in_another_precision_is_not_read_as_reproduced(tmp_path):
+    import report
+
+    bf16 = {"model_dtype": "bfloat16", "bf16_autocast": True, "fallback": None}
+    fp32 = {"model_dtype": "float32", "bf16_autocast": False, "fallback": "no fast bf16 on this CPU"}
+    committed, fresh = _row([1.0, 0.0], precision=bf16), _row([1.0, 0.0], precision=fp32)
+    assert reproduce.same_precision(committed, dict(committed)) and not reproduce.same_precision(committed, fresh)
+    assert reproduce.precision_note(committed, fresh).startswith("precision: DIFFERS: committed bfloat16 weights")
+    results = tmp_path / "results.jsonl"
+    answers = tmp_path / "fresh.jsonl.gz"
+    answers.write_bytes(b"")
+    reproduce.record(results, committed, fresh, reproduce.compare(committed, fresh), {"test": answers})
+    assert not report.reproduction_path(results, "g", "mutor_s0", "test").exists()   # not the row's answers
+    (row,) = report.load(results.with_name("reproductions.jsonl"))
+    assert not row["reproduced"] and not row["same_precision"]         # identical scores, another experiment
+    assert "not comparable: precision: DIFFERS" in report.reproductions_table([row])
