@@ -158,20 +158,21 @@ def _precision(row: dict) -> str:
         (" (fell back: the CPU has no fast bf16)" if p.get("fallback") else "")
 
 
-def precision_note(committed: dict, fresh: dict) -> str:
-    """Whether the fresh run trained in the committed row's precision. A CPU without fast bf16 trains a bf16 recipe
-    in float32 instead (with a notice): that is another experiment, not another summation order, so its scores say
-    nothing about whether the row reproduces."""
-    a, b = committed.get("precision") or {}, fresh.get("precision") or {}
-    keys = ("model_dtype", "bf16_autocast")
-    if not a or all(a.get(k) == b.get(k) for k in keys):
-        return "precision: the same as the committed row's" if a else "precision: the committed row records none"
-    return f"precision: DIFFERS: committed {_precision(committed)}, fresh {_precision(fresh)}"
-
-
 def same_precision(committed: dict, fresh: dict) -> bool:
-    """Whether the fresh run trained in the committed row's precision (see :func:`precision_note`)."""
-    return not precision_note(committed, fresh).startswith("precision: DIFFERS")
+    """Whether the fresh run trained in the committed row's precision (weights' dtype and bf16 autocast; true where
+    the committed row records none). A CPU without fast bf16 trains a bf16 recipe in float32 instead (with a
+    notice): that is another experiment, not another summation order, so its scores say nothing about whether the
+    row reproduces."""
+    a, b = committed.get("precision") or {}, fresh.get("precision") or {}
+    return not a or all(a.get(k) == b.get(k) for k in ("model_dtype", "bf16_autocast"))
+
+
+def precision_note(committed: dict, fresh: dict) -> str:
+    """Whether the fresh run trained in the committed row's precision, in words (:func:`same_precision`)."""
+    if not same_precision(committed, fresh):
+        return f"precision: DIFFERS: committed {_precision(committed)}, fresh {_precision(fresh)}"
+    return "precision: the same as the committed row's" if committed.get("precision") else \
+        "precision: the committed row records none"
 
 
 def record(results: Path, committed: dict, fresh: dict, lines: list[dict], generations: dict[str, Path]) -> Path:
@@ -189,19 +190,19 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
     Returns:
         The reproductions file.
     """
-    key = (committed["group"], committed["run"])
+    key, same = (committed["group"], committed["run"]), same_precision(committed, fresh)
     row = {"group": key[0], "run": key[1], "committed_code": committed.get("code"),
            "committed_finished_at": committed.get("finished_at"), "code": fresh.get("code"),
            "finished_at": fresh.get("finished_at"), "threads": fresh.get("threads"),
-           "reproduced": reproduced(lines) and same_precision(committed, fresh),
+           "reproduced": reproduced(lines) and same,
            "identical": all(x["status"] == "identical" for x in lines),
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
-           "same_precision": same_precision(committed, fresh), "lines": lines}
+           "same_precision": same, "lines": lines}
     path = results.with_name("reproductions.jsonl")
     kept = [r for r in load(path) if (r["group"], r["run"]) != key]
     path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
     for split, src in generations.items():            # the answers of another experiment are not the row's
-        if same_precision(committed, fresh) and src.is_file():
+        if same and src.is_file():
             dst = reproduction_path(results, *key, split)
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(src.read_bytes())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -55,7 +56,7 @@ def weight(row: dict) -> Optional[float]:
 
 
 def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    return statistics.geometric_mean(xs) if xs else float("nan")
 
 
 def _validation(row: dict) -> Optional[float]:

@@ -411,14 +411,13 @@ class DraftPolicy:
             tokens = acceptance.expected(j + 1)[0]
             return self.costs.seconds(rows(j + 1, r, tail, j == drafted)) + (drafted + 1 - tokens) * (
                 steady if r else plain)
-        explored = self._explored
         j, r, tail = usual = self._round(drafted, first)
         if rows(j + 1, r, tail, j == drafted) == j + 1:    # no register follows the token that ends the answer
             usual = (j, 0, False)
         options = [(j, 0, False) for j in range(min(drafted, self.k_max - 1) + 1)] + [usual]
         choice = min(options, key=seconds)                 # the first of equals: fewer registers
         if choice != usual:
-            self._explored = explored                      # only the usual round may explore
+            self._explored = None                          # only the usual round may explore
         return choice
 
     def _gainful(self, drafted: int, r: int, acceptance: Acceptance, extra: float = 0.0) -> tuple[int, bool]:

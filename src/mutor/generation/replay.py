@@ -206,6 +206,7 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
     if charge not in ("drawn", "mean"):
         raise ValueError(f"charge must be 'drawn' or 'mean', not {charge!r}")
     level, seen = [0.0], set()
+    total = {r: sum(pool) for r, pool in (load or {}).items()}         # each pool's factors summed, once
 
     def cost(rows):
         c = own = table(rows) * math.exp(rng.gauss(0.0, noise)) if noise else table(rows)
@@ -214,9 +215,9 @@ def _drawn(table: Callable[[int], float], rng, noise: float, spikes: float,
             c, own = c * cold, own * cold
         told = c
         if load:
-            pool = load.get(rows) or load[1]
-            told = c * rng.choice(pool)
-            c = c * sum(pool) / len(pool) if charge == "mean" else told
+            pooled = rows if load.get(rows) else 1
+            told = c * rng.choice(load[pooled])
+            c = c * total[pooled] / len(load[pooled]) if charge == "mean" else told
         if drift:
             level[0] = 0.98 * level[0] + rng.gauss(0.0, drift)
             c, told = c * math.exp(level[0]), told * math.exp(level[0])
