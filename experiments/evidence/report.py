@@ -68,6 +68,12 @@ def load(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def latest_drafts(drafts: list[dict]) -> list[dict]:
+    """One drafting row per run: its latest (a run measured again, with newer drafting code or on a quiet machine,
+    is reported by that measurement)."""
+    return list({(d["group"], d["run"]): d for d in drafts}.values())
+
+
 def label(row: dict) -> str:
     """A run's method as tables name it: ``mutor``, or ``mutor (a0.1)`` for a tagged run."""
     return row["method"] + (f" ({row['tag']})" if row["tag"] else "")
@@ -533,8 +539,7 @@ def main(argv=None) -> int:
     apart = any(marks(t, *GLANCE) for t in texts.values())     # the summary has a place of its own
     comps = comparisons(rows, refs, also_against(args.plan))  # the tables, the glance and the plot share them
     md = markdown(rows, marked, refs, with_glance=not apart, comps=comps, tasks=layout, results=args.results)
-    # a run measured again (newer drafting code) is reported by its latest row
-    drafts = list({(d["group"], d["run"]): d for d in load(args.results.with_name("drafting.jsonl"))}.values())
+    drafts = latest_drafts(load(args.results.with_name("drafting.jsonl")))
     if drafts:
         md += ("\n\nRegisters as drafters on each MuToR run's selected checkpoint (experiments/evidence/drafting.py: "
                "the first test prompts, batch size 1, one thread, greedy and drafting in one process, beside the "

@@ -7,11 +7,16 @@ step once it has rows) and each MuToR weight a:
 - accuracy: MuToR at a minus next-token of the same group and seed, exact match on test in points, the mean over
   seeds with its 95 % interval and reading by the claim rule (:mod:`mutor.eval.claims`, through report.py's
   pairing);
-- drafting: each MuToR run's drafting row (experiments/evidence/drafting.py, greedy against K = 1..d_max and
-  ``auto``, interleaved per prompt): the best fixed K's speed-up over greedy and ``auto``'s, the geometric mean over
-  the seeds;
-- the pick: the mean validation exact match at the selected checkpoint, over every run of that weight in the
-  groups shown (the plan picks the sweep's best weight on validation only).
+- drafting: each MuToR run's latest drafting row (experiments/evidence/drafting.py, greedy against K = 1..d_max and
+  ``auto``, interleaved per prompt): the speed-ups over greedy of K = 1 (plain decoding on the drafting code path:
+  its overhead), of the best fixed K and of ``auto``, each the geometric mean over the seeds;
+- validation: the mean validation exact match at the selected checkpoint, over every run of that weight in the
+  group.
+
+Below the table, the sweep's best weight by the plan's rule, fixed before its runs: the highest mean validation
+exact match over both sweep tasks' runs of that weight (three seeds each), a tie to the larger weight; undecided
+until every weight has all its runs. The figure plots the accuracy difference against ``auto``'s speed-up, the
+draft length a user gets by default.
 
     python experiments/evidence/tradeoff.py                        # the table
     python experiments/evidence/tradeoff.py --plot experiments/evidence/tradeoff.png --markdown docs/FILE.md
@@ -29,13 +34,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from report import comparisons, load, reading, replace_between
+from report import comparisons, latest_drafts, load, reading, replace_between
 
 from mutor.eval.claims import format_interval
 from mutor.run.recipe import load_recipe
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep", "rg-gemma3-word-reversal")
+SWEEP = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep")
+GROUPS = (*SWEEP, "rg-gemma3-word-reversal")
+WEIGHTS = (0.05, 0.1, 0.2, 0.3)                  # the sweep's weights, among which its best one is picked
+SEEDS = 3
 MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
 
 
@@ -69,9 +77,9 @@ def _validation(row: dict) -> Optional[float]:
 
 def tradeoff(rows: list[dict], drafts: list[dict], groups=GROUPS) -> list[dict]:
     """One entry per group and MuToR weight: ``group``, ``weight``, ``comparison`` (report.py's, on test exact
-    match), ``best_k`` and ``auto`` (speed-ups over greedy, geometric mean over the seeds with a drafting row),
-    ``draft_seeds``, ``validation`` (mean validation exact match of the weight's runs)."""
-    out = []
+    match), ``k1``, ``best_k`` and ``auto`` (speed-ups over greedy, geometric mean over the seeds with a drafting
+    row), ``draft_seeds``, ``validation`` (mean validation exact match of the weight's runs)."""
+    drafts, out = latest_drafts(drafts), []
     for group in groups:
         mine = [r for r in rows if r["group"] == group]
         comps = {c["comparison"]: c for c in comparisons(mine)
@@ -90,31 +98,59 @@ def tradeoff(rows: list[dict], drafts: list[dict], groups=GROUPS) -> list[dict]:
             best = [max(v["speedup_vs_greedy"] for k, v in d["drafting"].items() if k not in ("K=1", "K=auto"))
                     for d in rows_d]
             auto = [d["drafting"]["K=auto"]["speedup_vs_greedy"] for d in rows_d if "K=auto" in d["drafting"]]
+            k1 = [d["drafting"]["K=1"]["speedup_vs_greedy"] for d in rows_d if "K=1" in d["drafting"]]
             val = [v for v in map(_validation, runs) if v is not None]
-            out.append({"group": group, "weight": a, "comparison": comp, "best_k": _geomean(best),
+            out.append({"group": group, "weight": a, "comparison": comp, "k1": _geomean(k1), "best_k": _geomean(best),
                         "auto": _geomean(auto), "draft_seeds": len(rows_d),
                         "validation": sum(val) / len(val) if val else float("nan"), "runs": len(runs)})
     return out
 
 
+def pick(rows: list[dict], groups=SWEEP, weights=WEIGHTS, seeds: int = SEEDS) -> dict:
+    """The sweep's best weight by the plan's rule: the highest mean validation exact match over the runs of that
+    weight in ``groups`` (``seeds`` each), a tie to the larger weight. ``{"weight": a or None (undecided while a
+    weight lacks runs), "means": {a: mean}, "runs": {a: runs counted}, "expected": runs per weight}``."""
+    vals: dict[float, list[float]] = {a: [] for a in weights}
+    for r in rows:
+        a = weight(r) if r["group"] in groups and r["method"] == "mutor" else None
+        v = _validation(r) if a in vals else None
+        if v is not None:
+            vals[a].append(v)
+    means = {a: sum(v) / len(v) for a, v in vals.items() if v}
+    expected = seeds * len(groups)
+    done = all(len(v) == expected for v in vals.values())
+    best = max(means, key=lambda a: (means[a], a)) if done else None
+    return {"weight": best, "means": means, "runs": {a: len(v) for a, v in vals.items()}, "expected": expected}
+
+
+def pick_line(p: dict) -> str:
+    """The pick as one sentence under the table."""
+    means = ", ".join(f"a = {a:g}: {m:.1f} % ({p['runs'][a]} runs)" for a, m in sorted(p["means"].items()))
+    head = "Best weight on validation (the plan's rule):"
+    if p["weight"] is None:
+        return f"{head} undecided until each weight has {p['expected']} runs ({means})."
+    return f"{head} **a = {p['weight']:g}** ({means})."
+
+
 def table(entries: list[dict]) -> str:
     """The entries as a markdown table."""
     lines = ["| group | a | seeds | MuToR − next-token, test exact match, points [95 % interval] | reading | "
-             "best fixed K vs greedy | `auto` vs greedy | validation exact match % |",
-             "|---|---:|---:|---|---|---:|---:|---:|"]
+             "K=1 vs greedy | best fixed K vs greedy | `auto` vs greedy | validation exact match % |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for e in entries:
         c = e["comparison"]
         diff, what, seeds = (format_interval(c["interval"]), reading(c), c["seeds"]) if c else ("-", "-", 0)
         speed = lambda x: "-" if math.isnan(x) else f"{x:.2f}x"                   # noqa: E731
         val = "-" if math.isnan(e["validation"]) else f"{e['validation']:.1f}"
-        lines.append(f"| {e['group']} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['best_k'])} | "
+        lines.append(f"| {e['group']} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['k1'])} | "
+                     f"{speed(e['best_k'])} | "
                      f"{speed(e['auto'])} | {val} |")
     return "\n".join(lines)
 
 
 def plot(entries: list[dict], path: str) -> None:
-    """Accuracy difference (points, 95 % interval) against the best fixed K's speed-up, one point per weight, one
-    colour per group."""
+    """Accuracy difference (points, 95 % interval) against ``auto``'s speed-up, one point per weight, one colour per
+    group."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,10 +158,10 @@ def plot(entries: list[dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, group in enumerate(dict.fromkeys(e["group"] for e in entries)):
-        pts = [e for e in entries if e["group"] == group and e["comparison"] and not math.isnan(e["best_k"])]
+        pts = [e for e in entries if e["group"] == group and e["comparison"] and not math.isnan(e["auto"])]
         if not pts:
             continue
-        xs = [e["best_k"] for e in pts]
+        xs = [e["auto"] for e in pts]
         ys = [e["comparison"]["mean"] for e in pts]
         lo = [y - e["comparison"]["interval"].low if not math.isnan(e["comparison"]["interval"].low) else 0
               for y, e in zip(ys, pts)]
@@ -135,7 +171,7 @@ def plot(entries: list[dict], path: str) -> None:
         for x, y, e in zip(xs, ys, pts):
             ax.annotate(f"a={e['weight']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("drafting speed-up over greedy, best fixed K (float32, CPU, batch size 1)")
+    ax.set_xlabel("drafting speed-up over greedy, `auto` (float32, CPU, batch size 1)")
     ax.set_ylabel("MuToR − next-token, test exact match (points)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -151,8 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default=None, help="write the figure here (PNG)")
     ap.add_argument("--markdown", type=Path, default=None, help="write the table between this file's markers")
     args = ap.parse_args(argv)
-    entries = tradeoff(load(args.results), load(args.drafting), tuple(args.group or GROUPS))
-    text = table(entries)
+    rows = load(args.results)
+    entries = tradeoff(rows, load(args.drafting), tuple(args.group or GROUPS))
+    text = table(entries) + "\n\n" + pick_line(pick(rows))
     print(text)
     if args.plot:
         plot(entries, args.plot)

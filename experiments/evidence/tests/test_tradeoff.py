@@ -1,6 +1,6 @@
 """The loss-weight trade-off table (tradeoff.py) on hand-made rows: each weight paired with next-token of the same
-seed, its drafting rows' best fixed K and ``auto`` as geometric means, validation at the selected checkpoint, and
-the figure and the marked block written."""
+seed, its latest drafting rows' K=1, best fixed K and ``auto`` as geometric means, validation at the selected
+checkpoint, the plan's pick of the best weight on validation, and the figure and the marked block written."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import tradeoff
 
 
-def _row(method: str, seed: int, scores: list[int], a=None, val=0.5) -> dict:
+def _row(method: str, seed: int, scores: list[int], a=None, val=0.5, group="g") -> dict:
     tag = f"a{a}" if a is not None else ""
-    return {"group": "g", "run": f"{method}_s{seed}" + (f"_{tag}" if tag else ""), "method": method, "seed": seed,
+    return {"group": group, "run": f"{method}_s{seed}" + (f"_{tag}" if tag else ""), "method": method, "seed": seed,
             "tag": tag, "splits": {"test": {"per_example": scores}}, "selected_checkpoint": "checkpoint-2",
             "per_checkpoint": [{"checkpoint": "checkpoint-1", "accuracy": 0.0},
                                {"checkpoint": "checkpoint-2", "accuracy": val}],
@@ -27,8 +27,9 @@ def _draft(run: str, ks: dict) -> dict:
 ROWS = [_row("next_token", s, [1, 1, 0, 0]) for s in range(3)] + \
        [_row("mutor", s, [1, 1, 1, 0], a=0.1, val=0.6) for s in range(3)] + \
        [_row("mutor", s, [1, 0, 0, 0], a=0.3, val=0.4) for s in range(2)]
-DRAFTS = [_draft("mutor_s0_a0.1", {"K=1": 1.0, "K=2": 1.1, "K=3": 1.2, "K=auto": 1.15}),
-          _draft("mutor_s1_a0.1", {"K=1": 1.0, "K=2": 1.2, "K=3": 1.3, "K=auto": 1.25})]
+DRAFTS = [_draft("mutor_s0_a0.1", {"K=1": 0.5, "K=2": 0.5, "K=auto": 0.5}),          # measured again below
+          _draft("mutor_s0_a0.1", {"K=1": 1.0, "K=2": 1.1, "K=3": 1.2, "K=auto": 1.15}),
+          _draft("mutor_s1_a0.1", {"K=1": 0.98, "K=2": 1.2, "K=3": 1.3, "K=auto": 1.25})]
 
 
 def test_each_weight_is_paired_with_next_token_and_its_drafting_rows_summarised():
@@ -38,6 +39,7 @@ def test_each_weight_is_paired_with_next_token_and_its_drafting_rows_summarised(
     assert low["comparison"]["mean"] == pytest.approx(25.0) and low["comparison"]["seeds"] == 3
     assert high["comparison"]["mean"] == pytest.approx(-25.0) and high["comparison"]["seeds"] == 2
     assert low["best_k"] == pytest.approx(math.sqrt(1.2 * 1.3)) and low["auto"] == pytest.approx(math.sqrt(1.15 * 1.25))
+    assert low["k1"] == pytest.approx(math.sqrt(0.98))
     assert low["draft_seeds"] == 2 and math.isnan(high["best_k"]) and high["draft_seeds"] == 0
     assert low["validation"] == pytest.approx(60.0) and high["validation"] == pytest.approx(40.0)
     text = tradeoff.table(list(entries.values()))
@@ -64,3 +66,18 @@ def test_a_row_without_a_resolved_recipe_takes_its_weight_from_its_override_or_i
     assert tradeoff.weight({"overrides": ["seed=1", "mutor.loss_weight=0.05"]}) == 0.05
     assert tradeoff.weight({"overrides": [], "recipe": "real/smollm2-135m-reasoning-gym"}) == 0.3
     assert tradeoff.weight({"overrides": [], "recipe": "no/such-recipe"}) is None
+
+
+def test_the_best_weight_is_picked_on_validation_over_both_tasks_once_every_run_is_in_ties_to_the_larger():
+    groups, weights = ("t1", "t2"), (0.1, 0.3)
+    rows = [_row("mutor", s, [1], a=a, val=v, group=g) for g in groups for s in range(3)
+            for a, v in ((0.1, 0.8), (0.3, 0.7 if g == "t1" else 0.9))]
+    rows += [_row("next_token", s, [1], val=1.0, group=g) for g in groups for s in range(3)]    # not a candidate
+    p = tradeoff.pick(rows, groups, weights)
+    assert p["weight"] == 0.3 and p["means"] == {0.1: pytest.approx(80.0), 0.3: pytest.approx(80.0)}   # a tie
+    assert "**a = 0.3**" in tradeoff.pick_line(p)
+    rows[0]["per_checkpoint"][1]["accuracy"] = 0.86                 # t1, seed 0, a = 0.1: now ahead
+    assert tradeoff.pick(rows, groups, weights)["weight"] == 0.1
+    partial = tradeoff.pick(rows[1:], groups, weights)              # a = 0.1 has 5 of its 6 runs
+    assert partial["weight"] is None and partial["runs"] == {0.1: 5, 0.3: 6}
+    assert "undecided until each weight has 6 runs" in tradeoff.pick_line(partial)
