@@ -359,7 +359,8 @@ def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     assert marked and all(line.endswith("; **uninformative**: a constant answer scores as well") for line in marked)
     assert "uninformative" not in report.verdict(comps, {"another-group": "x"})
     shipped = report._uninformative(driver.HERE / "plan.yaml")
-    assert set(shipped) == {"rg-maze", "rg-shortest-path", "rg-word-reversal-full"}     # the last: stopped
+    assert set(shipped) == {"rg-maze", "rg-shortest-path",                                # the others: stopped
+                            "rg-word-reversal-full", "rg-gemma3-word-reversal-pilot"}
 
 
 def test_runs_table_marks_a_training_cost_with_unrecorded_segments():
