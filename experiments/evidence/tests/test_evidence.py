@@ -360,7 +360,8 @@ def test_verdict_marks_a_group_the_plan_calls_uninformative_with_its_reason():
     assert "uninformative" not in report.verdict(comps, {"another-group": "x"})
     shipped = report._uninformative(driver.HERE / "plan.yaml")
     assert set(shipped) == {"rg-maze", "rg-shortest-path",                                # the others: stopped
-                            "rg-word-reversal-full", "rg-gemma3-word-reversal-pilot"}
+                            "rg-word-reversal-full", "rg-gemma3-word-reversal-pilot",
+                            "rg-gemma3-word-reversal"}
 
 
 def test_runs_table_marks_a_training_cost_with_unrecorded_segments():
