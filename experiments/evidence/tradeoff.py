@@ -143,8 +143,7 @@ def table(entries: list[dict]) -> str:
         speed = lambda x: "-" if math.isnan(x) else f"{x:.2f}x"                   # noqa: E731
         val = "-" if math.isnan(e["validation"]) else f"{e['validation']:.1f}"
         lines.append(f"| {e['group']} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['k1'])} | "
-                     f"{speed(e['best_k'])} | "
-                     f"{speed(e['auto'])} | {val} |")
+                     f"{speed(e['best_k'])} | {speed(e['auto'])} | {val} |")
     return "\n".join(lines)
 
 
