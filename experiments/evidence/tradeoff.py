@@ -42,6 +42,10 @@ from mutor.run.recipe import load_recipe
 HERE = Path(__file__).resolve().parent
 SWEEP = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep")
 GROUPS = (*SWEEP, "rg-gemma3-word-reversal")
+LABELS = {                                      # group: (task and budget, model), as the page names them
+    "rg-word-reversal-3ep-sweep": ("word reversal, 3 epochs", "SmolLM2-135M"),
+    "rg-number-sorting-3ep-sweep": ("number sorting, 3 epochs", "SmolLM2-135M"),
+}
 WEIGHTS = (0.05, 0.1, 0.2, 0.3)                  # the sweep's weights, among which its best one is picked
 SEEDS = 3
 MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
@@ -134,15 +138,16 @@ def pick_line(p: dict) -> str:
 
 def table(entries: list[dict]) -> str:
     """The entries as a markdown table."""
-    lines = ["| group | a | seeds | MuToR − next-token, test exact match, points [95 % interval] | reading | "
+    lines = ["| task | model | a | seeds | MuToR − next-token, test exact match, points [95 % interval] | reading | "
              "K=1 vs greedy | best fixed K vs greedy | `auto` vs greedy | validation exact match % |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for e in entries:
         c = e["comparison"]
         diff, what, seeds = (format_interval(c["interval"]), reading(c), c["seeds"]) if c else ("-", "-", 0)
         speed = lambda x: "-" if math.isnan(x) else f"{x:.2f}x"                   # noqa: E731
         val = "-" if math.isnan(e["validation"]) else f"{e['validation']:.1f}"
-        lines.append(f"| {e['group']} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['k1'])} | "
+        task, model = LABELS.get(e["group"], (e["group"], "-"))
+        lines.append(f"| {task} | {model} | {e['weight']:g} | {seeds} | {diff} | {what} | {speed(e['k1'])} | "
                      f"{speed(e['best_k'])} | {speed(e['auto'])} | {val} |")
     return "\n".join(lines)
 
@@ -166,11 +171,13 @@ def plot(entries: list[dict], path: str) -> None:
               for y, e in zip(ys, pts)]
         hi = [e["comparison"]["interval"].high - y if not math.isnan(e["comparison"]["interval"].high) else 0
               for y, e in zip(ys, pts)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color=f"C{i}", capsize=3, label=group)
+        name = ", ".join(LABELS.get(group, (group,)))
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color=f"C{i}", capsize=3, label=name)
         for x, y, e in zip(xs, ys, pts):
             ax.annotate(f"a={e['weight']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("drafting speed-up over greedy, `auto` (float32, CPU, batch size 1)")
+    ax.margins(x=0.15)                                                  # room for the weights' labels
+    ax.set_xlabel("drafting speed-up over greedy, auto (float32, CPU, batch size 1)")
     ax.set_ylabel("MuToR − next-token, test exact match (points)")
     ax.legend(fontsize=8)
     fig.tight_layout()

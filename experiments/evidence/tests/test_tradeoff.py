@@ -43,7 +43,7 @@ def test_each_weight_is_paired_with_next_token_and_its_drafting_rows_summarised(
     assert low["draft_seeds"] == 2 and math.isnan(high["best_k"]) and high["draft_seeds"] == 0
     assert low["validation"] == pytest.approx(60.0) and high["validation"] == pytest.approx(40.0)
     text = tradeoff.table(list(entries.values()))
-    assert "| g | 0.1 | 3 |" in text and "exploratory (2 seeds)" in text and "1.25x" in text
+    assert "| g | - | 0.1 | 3 |" in text and "exploratory (2 seeds)" in text and "1.25x" in text
 
 
 def test_the_command_writes_the_figure_and_the_marked_block(tmp_path):
@@ -56,7 +56,7 @@ def test_the_command_writes_the_figure_and_the_marked_block(tmp_path):
                           "--plot", str(tmp_path / "t.png"), "--markdown", str(doc)]) == 0
     assert (tmp_path / "t.png").stat().st_size > 0
     page = doc.read_text()
-    assert "old" not in page and "| g | 0.1 |" in page and page.startswith("before") and page.endswith("after\n")
+    assert "old" not in page and "| g | - | 0.1 |" in page and page.startswith("before") and page.endswith("after\n")
     doc.write_text("no markers")
     with pytest.raises(SystemExit, match="no <!-- tradeoff:begin -->"):
         tradeoff.main(["--results", str(results), "--drafting", str(drafting), "--group", "g", "--markdown", str(doc)])
