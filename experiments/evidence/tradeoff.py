@@ -41,10 +41,11 @@ from mutor.run.recipe import load_recipe
 
 HERE = Path(__file__).resolve().parent
 SWEEP = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep")
-GROUPS = (*SWEEP, "rg-gemma3-word-reversal")
+GROUPS = (*SWEEP, "rg-gemma3-word-reversal-2ep")
 LABELS = {                                      # group: (task and budget, model), as the page names them
     "rg-word-reversal-3ep-sweep": ("word reversal, 3 epochs", "SmolLM2-135M"),
     "rg-number-sorting-3ep-sweep": ("number sorting, 3 epochs", "SmolLM2-135M"),
+    "rg-gemma3-word-reversal-2ep": ("word reversal, 2 epochs of 128 items", "Gemma 3 270M"),
 }
 WEIGHTS = (0.05, 0.1, 0.2, 0.3)                  # the sweep's weights, among which its best one is picked
 SEEDS = 3
