@@ -1,7 +1,7 @@
 """``auto`` replayed on every recorded trace set, three ways: quiet, under the recorded load, under a moving load.
 
 The three replays ``tests/test_draft_replay.py`` holds ``auto`` to (at least 0.99x plain decoding each), as one
-table, so that a change to the policy is seen on all nine sets at once before it is tried live:
+table, so that a change to the policy is seen on all ten sets at once before it is tried live:
 
     python -m benchmarks.replay_all                       # this checkout's policy, as the tests take it
     python -m benchmarks.replay_all --auto explore=0.01   # a setting changed (a DraftSettings field)

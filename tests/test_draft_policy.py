@@ -15,7 +15,7 @@ from mutor.generation.proposer import Outcome, RegisterProposer
 @pytest.mark.parametrize("field,value", [("memory", 0.0), ("revisit", 0.5), ("optimism", -1.0), ("explore", 1.0),
                                          ("smoothing", 0.0), ("level_gains", (1.0,)), ("level_gains", ()),
                                          ("level_gains", 0.3), ("spike", 1.0), ("trust", 0), ("margin", -0.1),
-                                         ("clock", "gpu")])
+                                         ("clock", "gpu"), ("trials", -1.0)])
 def test_settings_out_of_range_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"DraftSettings.{field} must be"):
         DraftSettings(**{field: value})
@@ -67,6 +67,18 @@ def test_a_row_count_not_measured_costs_the_most_of_the_fewer_rows_measured():
     assert costs.seconds(3) == pytest.approx(costs.seconds(2))
     assert costs.seconds(9) == pytest.approx(max(costs.seconds(r) for r in (1, 2, 4)))
     assert RowCosts(DraftSettings()).seconds(1) == float("inf")
+
+
+def test_counts_of_rows_not_yet_trusted_are_out_of_reach_while_trying_them_is_not_open():
+    costs = RowCosts(DraftSettings(trust=3))
+    for rows, times in ((1, 5), (2, 3), (4, 1)):          # 1 and 2 rows trusted, 4 timed once
+        for _ in range(times):
+            costs.record(rows, 1.0 + rows)
+    costs.open = False
+    assert costs.seconds(1) < float("inf") and costs.seconds(2) < float("inf")
+    assert costs.seconds(4) == float("inf") and costs.seconds(9) == float("inf")
+    costs.open = True
+    assert costs.seconds(4) == pytest.approx(costs.seconds(2)) and costs.seconds(9) < float("inf")
 
 
 def _reference_seconds(costs: RowCosts, rows: int, optimistic: bool) -> float:
@@ -159,3 +171,28 @@ def test_an_eos_foreseen_earlier_stops_registers_before_the_answers_end():
     assert foreseeing.propose(room=10, eos={eos}).registers == 0     # the eos is next: registers would draft it
     unaware = RegisterProposer(_drafting_policy())
     assert unaware.propose(room=10, eos={eos}).registers > 0
+
+
+def _dear_rows(prompts: int = 20, answer: int = 12) -> dict:
+    """A trace set whose drafts are always right, for a model whose every extra row costs 0.67 of a forward (as a
+    262k-token vocabulary's logits do on a CPU): no draft pays, however good."""
+    eos, traces = 2, []
+    for i in range(prompts):
+        ans = [10 + (i + j) % 40 for j in range(answer)] + [eos]
+        traces.append({"prompt_len": 30, "answer": ans,
+                       "drafts": [(ans[j + 1:j + 4] + [0, 0, 0])[:3] for j in range(len(ans))]})
+    return {"eos": [eos], "max_new_tokens": 64, "d_max": 4, "traces": traces}
+
+
+def test_trying_counts_of_rows_where_every_row_is_dear_loses_at_most_its_trials():
+    from mutor.generation.replay import compare
+
+    plain = 0.1
+    costs = {0: 3 * plain, **{r: plain * (1 + 0.67 * (r - 1)) for r in range(1, 17)}}
+    lost = {}
+    for trials in (6.0, 1e9):                              # the default, and trying every count as long as it takes
+        out = compare(_dear_rows(), costs, {"auto": lambda t=trials: DraftPolicy(4, DraftSettings(trials=t))})
+        lost[trials] = out["auto"]["seconds"] - out["K=1"]["seconds"]
+    largest_trial = costs[16] - plain                      # one trial may start just above the limit
+    assert lost[6.0] <= 6 * plain + largest_trial + 0.005 * out["K=1"]["seconds"] < lost[1e9], lost
+    assert lost[6.0] < 0.5 * lost[1e9], lost

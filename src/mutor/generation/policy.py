@@ -14,7 +14,11 @@ acceptance is taken ``optimism`` standard errors high and every cost as many low
 is taken instead as long as the time exploring has lost stays within ``explore`` of the decoding time. The loss
 is counted after each explored round, as measured (its seconds beyond what the best candidate would take for
 the tokens it gave), not as estimated: estimates that have not been fed are what exploring tries, so they are
-the ones that can be wrong, and an explored round that pays refunds its share. What
+the ones that can be wrong, and an explored round that pays refunds its share. Learning what a count of rows
+costs is exploring too: until a count has been timed ``trust`` times it is priced at most what a smaller count
+costs (so that every candidate that could win is tried), its rounds are charged the same way, and no such count
+is tried once the budget is ``trials`` plain forwards below zero (where extra rows are dear, as with a
+262k-token vocabulary's logits on a CPU, trying them all would cost more than the answers' decoding gains). What
 has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows back: a choice that
 looked bad on one unlucky measurement is tried again, while exploring never costs more than its share. Only the
 steady-state draft length explores: the prompt's registers and the round after the prompt's are decided on the
@@ -45,6 +49,11 @@ class DraftSettings:
     explore: float = field(default=0.005, metadata={
         "help": "The most of the decoding time exploring may lose, as measured after each explored round: "
                 "0.005 is 0.5 %."})
+    trials: float = field(default=6.0, metadata={
+        "help": "Plain forwards' worth of seconds that trying counts of rows may lose beyond the exploring budget. "
+                "A round whose count of rows is measured fewer than ``trust`` times is charged to the budget as "
+                "measured, and no such count is tried while the budget is below minus this: where extra rows "
+                "are dear (a large vocabulary's logits), learning so stops after a few forwards' loss."})
     smoothing: float = field(default=0.05, metadata={
         "help": "Weight of a new measurement in a row count's cost, after the mean of the first 1/smoothing."})
     level_gains: tuple = field(default=(0.0, 0.05, 0.3), metadata={
@@ -67,7 +76,7 @@ class DraftSettings:
     def __post_init__(self):
         allowed = {"memory": (0 < self.memory <= 1, "in (0, 1]"), "revisit": (self.revisit >= 1, ">= 1"),
                    "optimism": (self.optimism >= 0, ">= 0"), "explore": (0 <= self.explore < 1, "in [0, 1)"),
-                   "smoothing": (0 < self.smoothing <= 1, "in (0, 1]"),
+                   "trials": (self.trials >= 0, ">= 0"), "smoothing": (0 < self.smoothing <= 1, "in (0, 1]"),
                    "level_gains": (isinstance(self.level_gains, tuple) and len(self.level_gains) > 0
                                    and all(isinstance(g, (int, float)) and 0 <= g < 1 for g in self.level_gains),
                                    "a non-empty tuple of numbers in [0, 1)"),
@@ -177,6 +186,7 @@ class RowCosts:
         self.count: dict[int, float] = {}                  # measurements, discounted by forget
         self.measured: dict[int, int] = {}                 # measurements, all of them
         self.errors = 0                                    # measurements predicted
+        self.open = True                                   # counts not yet trusted may be priced (else inf)
         self._cache: dict[bool, dict[int, float]] = {}     # seconds by rows, plain and optimistic (_table)
 
     @property
@@ -229,7 +239,10 @@ class RowCosts:
         """The seconds of a forward of ``rows`` rows: measured, its estimate (``optimistic``: ``optimism``
         standard errors low); not measured, the most a measured count with fewer rows costs (more rows seldom
         cost less; costs are not assumed to grow with the rows either: in float32 on a CPU 4 rows can cost less
-        than 2). Infinite when no count with fewer rows is measured."""
+        than 2). Infinite when no count with fewer rows is measured, and for a count of more than one row
+        measured fewer than ``trust`` times while not :attr:`open` (its trial is exploring, on the budget)."""
+        if not self.open and rows > 1 and self.measured.get(rows, 0) < self.settings.trust:
+            return math.inf
         table = self._table(optimistic)
         if rows in table:
             return table[rows]
@@ -275,7 +288,8 @@ class DraftPolicy:
       (the token and K-1 registers) that follows a rejected draft; ``P(K)`` the chance the whole draft is kept;
 
     and plain decoding (K = 1) unless a draft beats it by ``margin``. A count of rows not measured yet is taken
-    to cost the most a measured count with fewer rows does, so each candidate that could win is tried once. A
+    to cost the most a measured count with fewer rows does, so each candidate that could win is tried, while
+    trying loses no more than the exploring budget and ``trials`` plain forwards (see the module). A
     round that has no draft to feed feeds the token and r registers, the cheapest r >= K-1 (in float32 on a CPU
     4 rows can cost less than 2).
 
@@ -448,7 +462,8 @@ class DraftPolicy:
     def record(self, rows: int, seconds: float, prompt: bool = False, tokens: int = 1) -> None:
         """A forward of ``rows`` rows took ``seconds`` (``prompt``: the prompt's, with its registers; it prices a
         register after the prompt, not a round). Each forward adds its share to the exploring budget, an explored
-        round takes what it lost from it, and each estimate loses a little weight.
+        round (or one that tried a count of rows) takes what it lost from it, and each estimate loses a little
+        weight.
 
         Args:
             rows: The forward's rows (tokens and registers).
@@ -457,8 +472,10 @@ class DraftPolicy:
             tokens: The tokens the round gave.
         """
         self.budget += self.settings.explore * seconds
-        if self._explored is not None and not prompt:     # its seconds beyond the best's for as many tokens
-            self.budget -= seconds - tokens / self._explored
+        trial = not prompt and rows > 1 and self.costs.measured.get(rows, 0) < self.settings.trust
+        pace = self._explored or (self._trusted_rate() if trial else None)
+        if pace and not prompt:                            # its seconds beyond the best's for as many tokens
+            self.budget -= seconds - tokens / pace
         self._explored = None
         self._steady = None
         if prompt:
@@ -471,6 +488,18 @@ class DraftPolicy:
         self.acceptance.forget()
         self.costs.forget()
         self.costs.record(rows, seconds)
+        plain = self.costs.seconds(1)                      # trying counts of rows: while the budget allows
+        self.costs.open = plain == math.inf or self.budget > -self.settings.trials * plain
+
+    def _trusted_rate(self) -> float:
+        """Tokens per second of the best steady-state candidate whose row counts are all trusted (plain decoding
+        at least): what a round that tries a count of rows instead is charged against."""
+        was, self.costs.open = self.costs.open, False
+        try:
+            return max(self.rate(k, tail) for k, tail in [(1, False)] + [
+                (k, t) for k in range(2, self.k_max + 1) for t in (False, True)]) if 1 in self.costs.ratio else 0.0
+        finally:
+            self.costs.open = was
 
     def observe(self, drafted: int, kept: int, first: bool = False, ended: bool = False) -> None:
         """A draft checked (fed and verified, or settled by the tokens decoded after it).
