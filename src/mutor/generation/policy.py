@@ -241,12 +241,16 @@ class RowCosts:
         cost less; costs are not assumed to grow with the rows either: in float32 on a CPU 4 rows can cost less
         than 2). Infinite when no count with fewer rows is measured, and for a count of more than one row
         measured fewer than ``trust`` times while not :attr:`open` (its trial is exploring, on the budget)."""
-        if not self.open and rows > 1 and self.measured.get(rows, 0) < self.settings.trust:
+        if not self.open and rows > 1 and not self.trusted(rows):
             return math.inf
         table = self._table(optimistic)
         if rows in table:
             return table[rows]
         return max((c for r, c in table.items() if r < rows), default=math.inf)
+
+    def trusted(self, rows: int) -> bool:
+        """Whether a forward of ``rows`` rows has been timed ``trust`` times (its measured cost is trusted)."""
+        return self.measured.get(rows, 0) >= self.settings.trust
 
     def _table(self, optimistic: bool) -> dict[int, float]:
         """Every measured count's seconds, in one pass by rows (a count measured fewer than ``trust`` times at
@@ -261,7 +265,7 @@ class RowCosts:
             c = math.exp(self.level + self.ratio[r])
             if optimistic:
                 c *= math.exp(-s.optimism * noise / math.sqrt(self.count[r] + 1))
-            if self.measured[r] < s.trust:
+            if not self.trusted(r):
                 c = min(c, least)
             table[r] = c
             least = c if least == math.inf else max(least, c)
@@ -366,8 +370,7 @@ class DraftPolicy:
         handicap = lambda c: 1.0 if c[0] == 1 else 1 + self.settings.margin                 # noqa: E731
         value = {c: self.rate(*c) / handicap(c) for c in candidates}
         best = max(candidates, key=value.__getitem__)
-        untried = [c for c in candidates[1:]
-                   if self.costs.measured.get(rows(c[0], c[0] - 1, c[1]), 0) < self.settings.trust]
+        untried = [c for c in candidates[1:] if not self.costs.trusted(rows(c[0], c[0] - 1, c[1]))]
         if best in untried:                                # fewest rows first: its cost bounds the larger ones'
             bar = max(value[c] for c in candidates if c not in untried)
             best = min((c for c in untried if value[c] > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
@@ -472,7 +475,7 @@ class DraftPolicy:
             tokens: The tokens the round gave.
         """
         self.budget += self.settings.explore * seconds
-        trial = not prompt and rows > 1 and self.costs.measured.get(rows, 0) < self.settings.trust
+        trial = not prompt and rows > 1 and not self.costs.trusted(rows)
         pace = self._explored or (self._trusted_rate() if trial else None)
         if pace and not prompt:                            # its seconds beyond the best's for as many tokens
             self.budget -= seconds - tokens / pace
