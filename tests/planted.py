@@ -3,7 +3,9 @@ register row's logits are what the test says, whatever the (random, tiny) model 
 untouched, so greedy decoding is the model's own and a drafted token is right exactly where the test plants it.
 
 A register row is recognised by its input embedding: the registers' vectors are all set to one marker value
-(``fill``), which no token embedding of a random model equals.
+(``fill``), which no token embedding of a random model equals. Drafting in float32 computes a round's logits itself
+(``mutor.generation.forward.head_product``), past the wrapped forward: a test that plants takes the ``model_head``
+fixture (``conftest.py``), which keeps rounds on the model's own head.
 """
 
 from __future__ import annotations

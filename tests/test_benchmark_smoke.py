@@ -1,5 +1,5 @@
-"""Smoke test of ``python -m benchmarks.step_time`` and ``python -m benchmarks.precision`` at tiny sizes, each run
-as a user runs it: they run and report sane figures (never timings)."""
+"""Smoke test of the benchmarks at tiny sizes (``benchmarks.step_time``, ``precision``, ``policy_overhead``,
+``head_product``), each run as a user runs it: they run and report sane figures (never timings)."""
 
 from __future__ import annotations
 
@@ -93,3 +93,17 @@ def test_policy_overhead_times_rounds_of_the_policy():
     """benchmarks/policy_overhead.py: a policy told a run's costs plans rounds, and their time is reported."""
     row = json.loads(_run("benchmarks.policy_overhead", "--rounds", "5", "--k-max", "3"))
     assert row["k_max"] == 3 and row["rounds"] == 5 and row["ms_per_round"] > 0
+
+
+def test_head_product_times_each_row_count_through_both_heads(tmp_path):
+    """benchmarks/head_product.py on a saved tiny model: every row count (and the prompt, 0) timed through the
+    model's own head and through the float32 head product, which drafting uses in float32 on a CPU."""
+    from families import make_model
+
+    make_model("llama").save_pretrained(tmp_path / "tiny")
+    _run("benchmarks.head_product", "--model", str(tmp_path / "tiny"), "--max-rows", "3", "--rounds", "2",
+         "--reps", "1", "--prompt-len", "8", "--json-out", str(tmp_path / "out.json"))
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["drafting_uses"] == "product up to 8 rows, own beyond"
+    assert [r["rows"] for r in out["rows"]] == [0, 1, 2, 3]
+    assert all(r["own_ms"] > 0 and r["product_ms"] > 0 for r in out["rows"])

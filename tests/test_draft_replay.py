@@ -57,6 +57,7 @@ def _told(policy, cost):
 
 
 @pytest.mark.parametrize("make", ["K=1", "K=2", "K=4", "auto fp32", "auto bf16"])
+@pytest.mark.usefixtures("model_head")
 def test_the_replay_makes_generates_rounds(make):
     cost = _cost(FP32 if "fp32" in make else BF16)
     new_policy = (lambda: DraftPolicy(4)) if make.startswith("auto") else (lambda: FixedDraft(int(make[2:])))
@@ -76,6 +77,7 @@ def test_the_replay_makes_generates_rounds(make):
     assert replayed.state() == live.state()
 
 
+@pytest.mark.usefixtures("model_head")
 def test_compare_reports_speed_against_plain_decoding_on_the_same_table():
     ids, target, model = _model(30, 4)
     traces = {"eos": [], "max_new_tokens": 30, "traces": [record(model, ids[0].tolist(), 30, None)]}
@@ -103,6 +105,7 @@ def test_compare_decodes_the_prompts_in_other_orders_after_the_first_draw(monkey
     assert again == plain                                  # every policy decodes the same orders
 
 
+@pytest.mark.usefixtures("model_head")
 def test_row_costs_times_every_row_count_and_the_prompt_and_leaves_the_model_unchanged():
     ids, target, model = _model(6, 4)
     costs = row_costs(model, ids[0].tolist(), 5, reps=2)
@@ -158,6 +161,7 @@ def test_auto_on_recorded_traces_is_never_slower_than_plain_and_near_the_best_fi
     assert auto >= 0.99 and auto >= 0.95 * best, (auto, fixed)
 
 
+@pytest.mark.usefixtures("model_head")
 def test_a_recorded_load_is_cost_factors_per_row_count_and_scales_the_cost():
     quiet = json.loads((FORWARD_TIMES / "wr3ep0_fp32_quiet.json").read_text())
     itself = load_ratios(quiet, quiet)

@@ -17,6 +17,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from mutor import MuToRConfig, MuToRModel, RegisterDrafter
 
+pytestmark = pytest.mark.usefixtures("model_head")      # planted registers (``planted.plant``)
+
 
 def _prompt(seed: int = 1, n: int = 7) -> torch.Tensor:
     return torch.randint(3, 61, (1, n), generator=torch.Generator().manual_seed(seed))

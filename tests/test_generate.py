@@ -43,6 +43,41 @@ def test_greedy_is_lossless_with_untrained_registers(family, window, k):
             assert stats.forwards == 24 and not stats.offered
 
 
+def _round(model: MuToRModel, product: bool) -> torch.Tensor:
+    """The logits of a prompt's forward and of a round after it that feeds a draft with registers after each fed
+    token, through the float32 head product or the model's own head."""
+    target = forward.ModelForward(model, registers=3, head="product" if product else "own")
+    prompt = _prompt(3)[0].tolist()
+    first = target.forward(forward.Feed(prompt, [], 3, [0]))
+    target.keep(len(prompt))
+    then = target.forward(forward.Feed(prompt[-1:], [5, 9, 11], 3, [0, 1, 2, 3]))
+    return torch.cat([first.regular, first.registers.flatten(0, 1), then.regular, then.registers.flatten(0, 1)])
+
+
+@pytest.mark.parametrize("family,window", CASES)
+def test_a_float32_round_projects_as_one_product_giving_the_models_own_logits(family, window):
+    model = MuToRModel(make_model(family, window=window), MuToRConfig(d_max=4))
+    torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
+    assert forward.head_product(model) is not None
+    with torch.no_grad():
+        mine, own = _round(model, product=True), _round(model, product=False)          # (rows, V)
+    assert mine.shape == own.shape == (1 + 3 + 4 + 4 * 3, VOCAB)
+    torch.testing.assert_close(mine, own, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "granite", "cohere"])
+def test_bfloat16_and_scaled_logits_keep_the_models_own_head(case):
+    from families import make_family
+
+    base = make_model("llama").to(torch.bfloat16) if case == "bfloat16" else make_family(case)
+    model = MuToRModel(base, MuToRConfig(d_max=4))
+    assert forward.head_product(model) is None
+    ids = _prompt(1)
+    got, _ = generate(model, ids, max_new_tokens=12, draft_registers=3, eos_token_id=[])
+    assert torch.equal(got, _greedy(base, ids, 12))
+
+
+@pytest.mark.usefixtures("model_head")
 def test_eos_stops_as_generate_does():
     base = make_model("llama")
     ids = _prompt(3)
@@ -75,6 +110,7 @@ def _oracle(new: int, wrong: int | None = None, seed: int = 4):
     (3, 7, {2: 6, 3: 5}, {2: 6}),                           # d=3 always wrong: 2 tokens per forward, d=4 never
     (2, 13, {2: 11}, {}),                                   # reached; d=2 wrong: plain greedy speed. The last round
 ])                                                          # drafts no token past max_new_tokens (room for 1, 0)
+@pytest.mark.usefixtures("model_head")
 def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accepted):
     base, ids, target, model = _oracle(13, wrong)                  # target: prompt + the 13 greedy tokens
     assert 0 not in target[ids.shape[1]:]                          # the planted wrong token is never right
@@ -84,6 +120,7 @@ def test_acceptance_counts_on_a_hand_built_case(wrong, forwards, offered, accept
     assert stats.tokens_per_forward == pytest.approx(13 / forwards)
 
 
+@pytest.mark.usefixtures("model_head")
 def test_a_draft_stops_before_its_eos():
     """A draft is cut before its first eos: when the drafts before it are kept, the model's own next token is that
     eos if the draft was right, so feeding it would only cost a row (and the tokens behind it could never be
@@ -119,6 +156,7 @@ class _Always(FixedDraft):
     (None, [7, 7, 4]),                  # oracle: 4 tokens per round; the last round (room for 3) needs no register
     (3, [7, 4, 7, 4, 7, 4, 3, 1]),      # d=3 wrong: a round keeps 1 draft, and the next has none (1 token + 3
 ])                                      # registers); then room for 2 (no register) and for 0
+@pytest.mark.usefixtures("model_head")
 def test_tail_rounds_are_lossless_and_feed_registers_after_the_last_token_only(wrong, rows):
     base, ids, target, model = _oracle(13, wrong)
     fed, planted = [], base.forward
@@ -194,6 +232,7 @@ def test_bidirectional_prefix_decoding_is_lossless(family):
     assert torch.equal(causal, _greedy(base, ids, 15))
 
 
+@pytest.mark.usefixtures("model_head")
 def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
     base, ids, target, model = _oracle(40)
     got, stats = generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
@@ -278,6 +317,7 @@ def _draws(model, ids, temperature: float, n: int, eos=None) -> tuple[torch.Tens
     return counts, total
 
 
+@pytest.mark.usefixtures("model_head")
 @pytest.mark.parametrize("with_eos", [False, True])
 def test_speculative_sampling_draws_from_the_models_own_distribution(with_eos):
     """Sampling with drafts (accept with min(1, p/q), else the residual): the first two tokens follow the

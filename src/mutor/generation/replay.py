@@ -66,18 +66,19 @@ def record(model, prompt: list[int], max_new_tokens: int, eos: Optional[int],
 
 
 def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5,
-              prefix_attention: Optional[str] = None) -> dict[int, float]:
+              prefix_attention: Optional[str] = None, head: str = "auto") -> dict[int, float]:
     """Seconds of a decoding forward of 1..``max_rows`` rows after ``prompt`` is cached, the median of ``reps``,
     fed as drafting feeds them (the pending token and a draft, no register; the cost of a forward depends on its
     rows, not on which of them are registers); key 0: the forward of the whole prompt. Rows are timed in a
-    shuffled order, so that a change of machine load does not bias one row count."""
+    shuffled order, so that a change of machine load does not bias one row count. ``head``: which product gives the
+    logits (:func:`~mutor.generation.forward.head_product`)."""
     mode = prefix_attention or model.mutor_config.prefix_attention
     prompt_len = len(prompt) if mode == "bidirectional" else 0
     times: dict[int, list[float]] = {r: [] for r in range(1, max_rows + 1)}
     order = [r for r in times for _ in range(reps)]
     random.Random(0).shuffle(order)
     with torch.no_grad():
-        target = ModelForward(model, 0, prompt_len)
+        target = ModelForward(model, 0, prompt_len, head)
         target.forward(Feed(prompt[:-1], [], 0, []))                                   # the prompt cached
         past = target.cache.get_seq_length()
         for r in [1, 1] + order:                                                       # two warm-up steps
@@ -88,7 +89,7 @@ def row_costs(model, prompt: list[int], max_rows: int, reps: int = 5,
         prompt_times = []
         for _ in range(3):                                                             # the prompt's own forward
             t0 = time.perf_counter()
-            ModelForward(model, 0, prompt_len).forward(Feed(prompt, [], 0, []))
+            ModelForward(model, 0, prompt_len, head).forward(Feed(prompt, [], 0, []))
             prompt_times.append(time.perf_counter() - t0)
     costs = {r: sorted(t)[len(t) // 2] for r, t in times.items()}
     return {**costs, 0: sorted(prompt_times)[1]}                                    # 0: the prompt's forward

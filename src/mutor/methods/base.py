@@ -70,13 +70,23 @@ def check_loss_chunking(inner: nn.Module, loss_chunk_size: Optional[int], owner:
         return
     if isinstance(loss_chunk_size, bool) or not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
         raise ValueError(f"{owner} loss_chunk_size must be None or a positive integer, got {loss_chunk_size!r}")
-    name, hf_config = type(inner).__name__, getattr(inner, "config", None)
+    odd = odd_head(inner)
+    if odd:
+        raise ValueError(f"{type(inner).__name__}: loss_chunk_size needs a plain nn.Linear output layer and no "
+                         f"logit scaling (found {odd}); use loss_chunk_size=None (logits through the model's own "
+                         "head)")
+
+
+def odd_head(inner: nn.Module) -> Optional[str]:
+    """None where ``inner``'s logits are ``lm_head(get_decoder()(...).last_hidden_state)``, with ``lm_head`` a plain
+    nn.Linear and no logit scaling (final soft-capping aside): what the chunked loss and a drafting round's head
+    product recompute. Else what is in the way."""
+    hf_config = getattr(inner, "config", None)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     odd = [k for k in ("logit_scale", "logits_scaling", "output_multiplier_scale") if getattr(hf_config, k, None)]
     if type(head) is not nn.Linear or odd or not hasattr(inner, "get_decoder"):
-        raise ValueError(f"{name}: loss_chunk_size needs a plain nn.Linear output layer and no logit scaling "
-                         f"(found {type(head).__name__}{', ' + ', '.join(odd) if odd else ''}); "
-                         "use loss_chunk_size=None (logits through the model's own head)")
+        return type(head).__name__ + (", " + ", ".join(odd) if odd else "")
+    return None
 
 
 def accepts(fn, name: str) -> bool:
