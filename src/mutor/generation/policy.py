@@ -29,6 +29,7 @@ share of it; replayed on recorded traces of 4-token answers, exploring there cos
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -248,6 +249,15 @@ class RowCosts:
             return table[rows]
         return max((c for r, c in table.items() if r < rows), default=math.inf)
 
+    @contextmanager
+    def closed(self):
+        """Prices as while trying is closed (a count not yet trusted at inf), whatever :attr:`open` says."""
+        was, self.open = self.open, False
+        try:
+            yield self
+        finally:
+            self.open = was
+
     def trusted(self, rows: int) -> bool:
         """Whether a forward of ``rows`` rows has been timed ``trust`` times (its measured cost is trusted)."""
         return self.measured.get(rows, 0) >= self.settings.trust
@@ -326,6 +336,7 @@ class DraftPolicy:
         self.acceptance = Acceptance(k_max, self.settings)               # within an answer
         self.first = Acceptance(k_max, self.settings, self.acceptance)   # the prompt's registers' drafts
         self.costs = RowCosts(self.settings)
+        self.candidates = [(1, False)] + [(k, tail) for k in range(2, k_max + 1) for tail in (False, True)]
         self.prompt_row: Optional[float] = None                         # seconds a row of the prompt's forward
         self.prompts = 0
         self.budget = 0.0                                                # seconds exploring may still lose
@@ -366,7 +377,7 @@ class DraftPolicy:
             return 1, False
         if not explore and self._steady is not None:
             return self._steady
-        candidates = [(1, False)] + [(k, tail) for k in range(2, self.k_max + 1) for tail in (False, True)]
+        candidates = self.candidates
         handicap = lambda c: 1.0 if c[0] == 1 else 1 + self.settings.margin                 # noqa: E731
         value = {c: self.rate(*c) / handicap(c) for c in candidates}
         best = max(candidates, key=value.__getitem__)
@@ -497,12 +508,10 @@ class DraftPolicy:
     def _trusted_rate(self) -> float:
         """Tokens per second of the best steady-state candidate whose row counts are all trusted (plain decoding
         at least): what a round that tries a count of rows instead is charged against."""
-        was, self.costs.open = self.costs.open, False
-        try:
-            return max(self.rate(k, tail) for k, tail in [(1, False)] + [
-                (k, t) for k in range(2, self.k_max + 1) for t in (False, True)]) if 1 in self.costs.ratio else 0.0
-        finally:
-            self.costs.open = was
+        if 1 not in self.costs.ratio:
+            return 0.0
+        with self.costs.closed():
+            return max(self.rate(*c) for c in self.candidates)
 
     def observe(self, drafted: int, kept: int, first: bool = False, ended: bool = False) -> None:
         """A draft checked (fed and verified, or settled by the tokens decoded after it).
