@@ -10,7 +10,9 @@ whole matrix stays within the fast suite:
    one plain forward per document (packed; several of these families - opt, falcon, gpt_oss
    under eager, ... - do not split packed documents themselves, so the reference does);
 2. registers: each one equals a single-register reference forward of its own prefix
-   (``register_refs``: built here, not with mutor's masks), offsets 1..4 all seen.
+   (``register_refs``: built here, not with mutor's masks), offsets 1..4 all seen;
+3. drafting: a round's logits through the float32 head product (``W @ h^T``, ``mutor.generation.forward``) equal
+   those through the model's own head, and a model whose logits are scaled keeps its own head.
 
 Each row of ``REFUSED_FAMILIES`` must be refused at construction, by MuToRModel and by the
 Multi-Token baseline, with a ValueError naming the model class and the reason.
@@ -25,6 +27,7 @@ from families import MORE_FAMILIES, REFUSED_FAMILIES, make_family, make_refused,
 from references import TOL, kept_rows, plain_forward, register_refs, run_mutor
 
 from mutor import MuToRConfig, MuToRModel
+from mutor.generation.forward import Feed, ModelForward, head_product
 from mutor.methods.multi_token import MultiTokenModel
 
 # offsets per row (indices into offset_choices, d = index + 1): padded has 3 rows, packed 2; together d = 1..4
@@ -79,6 +82,28 @@ def test_each_register_matches_independent_reference(family):
             n += 1
         assert n == out.num_registers > 0
     assert seen == {1, 2, 3, 4}
+
+
+def _drafting_round(model: MuToRModel, head: str) -> torch.Tensor:
+    """The logits of a prompt's forward with registers and of a round after it feeding a draft with registers after
+    every fed token (16 rows), through ``head``."""
+    target = ModelForward(model, registers=3, head=head)
+    prompt = list(range(5, 12))
+    with torch.no_grad():
+        first = target.forward(Feed(prompt, [], 3, [0]))
+        target.keep(len(prompt))
+        then = target.forward(Feed(prompt[-1:], [13, 17, 19], 3, [0, 1, 2, 3]))
+    return torch.cat([first.regular, first.registers.flatten(0, 1), then.regular, then.registers.flatten(0, 1)])
+
+
+@pytest.mark.parametrize("family", MORE_FAMILIES)
+def test_a_drafting_rounds_head_product_gives_the_models_own_logits(family):
+    model = MuToRModel(make_family(family), MuToRConfig(d_max=4, seed=3))
+    torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
+    scaled = family in ("granite", "cohere", "cohere2")                   # logits_scaling, logit_scale
+    assert (head_product(model) is None) == scaled
+    torch.testing.assert_close(_drafting_round(model, "product"), _drafting_round(model, "own"), **TOL,
+                               msg=lambda m: f"{family}: {m}")
 
 
 @pytest.mark.parametrize("name", REFUSED_FAMILIES)
