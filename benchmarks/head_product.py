@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     model = load(args.model, args.dtype)
     costs = measure(model, args.max_rows, args.rounds, args.reps, args.prompt_len)
     product = head_product(model)
-    used = "own" if product is None else f"product up to {product[3]} rows, own beyond"
+    used = "own" if product is None else f"product up to {product.rows} rows, own beyond"
     print(f"{args.model} {args.dtype}, {args.threads} thread(s); drafting uses: {used}")
     print(f"{'rows':>5} {'own ms':>8} {'product ms':>11} {'own/product':>12}")
     rows = []

@@ -10,16 +10,19 @@ sliced to the new rows).
 
 What is unusual: in float32 on a CPU the logits of a round of a few rows are not the model's head's own product.
 The head computes ``h @ W^T``, and for 2 to 8 rows MKL's float32 GEMM takes far longer in that order than the same
-layer applied as ``W @ h^T``: a forward of 2 rows of Gemma 3 270M (262k-token vocabulary) costs 1.95x one row
-through its own head and 0.99x through the product, which alone decides whether drafting can pay there (SmolLM2-135M:
-1.63x and 1.35x). Beyond 8 rows the model's own head is the faster (``benchmarks/head_product.py``). Both give the
+layer applied as ``W @ h^T``: a forward of 2 rows of Gemma 3 270M (262k-token vocabulary) costs 1.97x one row
+through its own head and 1.02x through the product, which alone decides whether drafting can pay there (SmolLM2-135M:
+1.64x and 1.29x). Beyond 8 rows the model's own head is the faster (``benchmarks/head_product.py``). Both give the
 same logits up to float rounding, as batching rows does. bfloat16 and GPUs keep the model's own head (in bfloat16
-on a CPU the two cost the same).
+on a CPU it is the faster at every count of rows).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
+from torch import nn
 from transformers import DynamicCache
 
 from ..core.layout import RegisterLayout
@@ -82,11 +85,21 @@ PRODUCT_ROWS = 8      # float32 on a CPU: W @ h^T is the faster for up to 8 rows
 HEADS = ("auto", "own", "product")
 
 
-def head_product(model: MuToRModel, head: str = "auto"):
-    """``(decoder, output layer, final soft-capping, most rows)`` where a round's logits are computed here as
-    ``W @ h^T`` for at most that many rows, else None (the model's own head). ``head``: "auto" (float32 on a CPU,
-    up to :data:`PRODUCT_ROWS`), "own" (never) or "product" (for any rows, dtype and device, to time it). Only a
-    plain output layer (:func:`~mutor.methods.base.odd_head`); any other keeps the model's own head."""
+class HeadProduct(NamedTuple):
+    """What a round's logits are computed from as ``W @ h^T``: the decoder, its output layer, the model's final
+    soft-capping (None: none) and the most rows the product is used for (more go through the model's head)."""
+
+    decoder: nn.Module
+    layer: nn.Linear
+    softcap: Optional[float]
+    rows: float
+
+
+def head_product(model: MuToRModel, head: str = "auto") -> Optional[HeadProduct]:
+    """Where a round's logits are computed here as ``W @ h^T``, and for how many rows; None: through the model's
+    own head. ``head``: "auto" (float32 on a CPU, up to :data:`PRODUCT_ROWS` rows), "own" (never) or "product" (for
+    any rows, dtype and device: to time it). Only a plain output layer (:func:`~mutor.methods.base.odd_head`);
+    any other keeps the model's own head."""
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, not {head!r}")
     inner = inner_model(model.base_model)
@@ -95,21 +108,21 @@ def head_product(model: MuToRModel, head: str = "auto"):
         return None
     if head == "auto" and (layer.weight.dtype != torch.float32 or layer.weight.device.type != "cpu"):
         return None
-    rows = PRODUCT_ROWS if head == "auto" else float("inf")
-    return inner.get_decoder(), layer, getattr(inner.config, "final_logit_softcapping", None), rows
+    return HeadProduct(inner.get_decoder(), layer, getattr(inner.config, "final_logit_softcapping", None),
+                       PRODUCT_ROWS if head == "auto" else float("inf"))
 
 
-def round_logits(model: MuToRModel, run: dict, keep: torch.Tensor, product=None) -> torch.Tensor:
-    """(N, V) logits of the rows ``keep`` (1, L) of the forward ``run``: through ``product``
-    (:func:`head_product`) as ``W @ h^T`` where N is within its rows, else the model's own head
-    (:meth:`~mutor.MuToRModel.logits_at`)."""
-    if product is None or int(keep.sum()) > product[3]:
+def round_logits(model: MuToRModel, run: dict, keep: torch.Tensor,
+                 product: Optional[HeadProduct] = None) -> torch.Tensor:
+    """(N, V) logits of the rows ``keep`` (1, L) of the forward ``run``: as ``W @ h^T`` where ``product`` is given
+    and N within its rows, else through the model's own head (:meth:`~mutor.MuToRModel.logits_at`)."""
+    if product is None or int(keep.sum()) > product.rows:
         return model.logits_at(run, keep)
-    decoder, head, cap, _ = product
-    h = decoder(**run).last_hidden_state[keep]                                       # (N, C)
-    logits = torch.mm(head.weight, h.t()).t().contiguous()                           # (N, V)
-    if head.bias is not None:
-        logits += head.bias
+    h = product.decoder(**run).last_hidden_state[keep]                               # (N, C)
+    logits = torch.mm(product.layer.weight, h.t()).t().contiguous()                  # (N, V)
+    if product.layer.bias is not None:
+        logits += product.layer.bias
+    cap = product.softcap
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
