@@ -94,3 +94,16 @@ def random_checkpoint_run(path, data_block: str, tokenizer, steps=(1, 2)) -> Non
     for step in steps:
         tiny_causal_lm(len(tokenizer), seed=step).save_pretrained(path / f"checkpoint-{step}")
         tokenizer.save_pretrained(path / f"checkpoint-{step}")
+
+
+def drafting_round(model, head: str, prompt: list[int], draft: list[int]) -> torch.Tensor:
+    """The logits of a drafting prompt's forward (3 registers after it) and of a round after it that feeds ``draft``
+    with 3 registers after every fed token, through ``head`` (``mutor.generation.forward.head_product``)."""
+    from mutor.generation.forward import Feed, ModelForward
+
+    target = ModelForward(model, registers=3, head=head)
+    with torch.no_grad():
+        first = target.forward(Feed(prompt, [], 3, [0]))
+        target.keep(len(prompt))
+        then = target.forward(Feed(prompt[-1:], draft, 3, list(range(len(draft) + 1))))
+    return torch.cat([first.regular, first.registers.flatten(0, 1), then.regular, then.registers.flatten(0, 1)])

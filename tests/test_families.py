@@ -24,10 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from families import MORE_FAMILIES, REFUSED_FAMILIES, make_family, make_refused, packed_batch, padded_batch
-from references import TOL, kept_rows, plain_forward, register_refs, run_mutor
+from references import TOL, drafting_round, kept_rows, plain_forward, register_refs, run_mutor
 
 from mutor import MuToRConfig, MuToRModel
-from mutor.generation.forward import Feed, ModelForward, head_product
+from mutor.generation.forward import head_product
 from mutor.methods.multi_token import MultiTokenModel
 
 # offsets per row (indices into offset_choices, d = index + 1): padded has 3 rows, packed 2; together d = 1..4
@@ -84,26 +84,15 @@ def test_each_register_matches_independent_reference(family):
     assert seen == {1, 2, 3, 4}
 
 
-def _drafting_round(model: MuToRModel, head: str) -> torch.Tensor:
-    """The logits of a prompt's forward with registers and of a round after it feeding a draft with registers after
-    every fed token (16 rows), through ``head``."""
-    target = ModelForward(model, registers=3, head=head)
-    prompt = list(range(5, 12))
-    with torch.no_grad():
-        first = target.forward(Feed(prompt, [], 3, [0]))
-        target.keep(len(prompt))
-        then = target.forward(Feed(prompt[-1:], [13, 17, 19], 3, [0, 1, 2, 3]))
-    return torch.cat([first.regular, first.registers.flatten(0, 1), then.regular, then.registers.flatten(0, 1)])
-
-
 @pytest.mark.parametrize("family", MORE_FAMILIES)
 def test_a_drafting_rounds_head_product_gives_the_models_own_logits(family):
     model = MuToRModel(make_family(family), MuToRConfig(d_max=4, seed=3))
     torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
     scaled = family in ("granite", "cohere", "cohere2")                   # logits_scaling, logit_scale
     assert (head_product(model) is None) == scaled
-    torch.testing.assert_close(_drafting_round(model, "product"), _drafting_round(model, "own"), **TOL,
-                               msg=lambda m: f"{family}: {m}")
+    prompt, draft = list(range(5, 12)), [13, 17, 19]
+    mine, own = (drafting_round(model, head, prompt, draft) for head in ("product", "own"))     # (rows, V)
+    torch.testing.assert_close(mine, own, **TOL, msg=lambda m: f"{family}: {m}")
 
 
 @pytest.mark.parametrize("name", REFUSED_FAMILIES)

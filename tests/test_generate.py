@@ -11,6 +11,7 @@ import pytest
 import torch
 from families import VOCAB, make_model
 from planted import plant
+from references import drafting_round
 
 import mutor.generation.forward as forward
 from mutor import MuToRConfig, MuToRModel
@@ -43,24 +44,14 @@ def test_greedy_is_lossless_with_untrained_registers(family, window, k):
             assert stats.forwards == 24 and not stats.offered
 
 
-def _round(model: MuToRModel, product: bool) -> torch.Tensor:
-    """The logits of a prompt's forward and of a round after it that feeds a draft with registers after each fed
-    token, through the float32 head product or the model's own head."""
-    target = forward.ModelForward(model, registers=3, head="product" if product else "own")
-    prompt = _prompt(3)[0].tolist()
-    first = target.forward(forward.Feed(prompt, [], 3, [0]))
-    target.keep(len(prompt))
-    then = target.forward(forward.Feed(prompt[-1:], [5, 9, 11], 3, [0, 1, 2, 3]))
-    return torch.cat([first.regular, first.registers.flatten(0, 1), then.regular, then.registers.flatten(0, 1)])
-
-
 @pytest.mark.parametrize("family,window", CASES)
 def test_a_float32_round_projects_as_one_product_giving_the_models_own_logits(family, window):
     model = MuToRModel(make_model(family, window=window), MuToRConfig(d_max=4))
     torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
     assert forward.head_product(model) is not None
     with torch.no_grad():
-        mine, own = _round(model, product=True), _round(model, product=False)          # (rows, V)
+        prompt = _prompt(3)[0].tolist()
+        mine, own = (drafting_round(model, h, prompt, [5, 9, 11]) for h in ("product", "own"))   # (rows, V)
     assert mine.shape == own.shape == (1 + 3 + 4 + 4 * 3, VOCAB)
     torch.testing.assert_close(mine, own, rtol=1e-5, atol=1e-5)
 
