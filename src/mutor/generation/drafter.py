@@ -347,11 +347,13 @@ def generate(
     selector = Selector(do_sample, (lambda ids, s: s / temperature) if do_sample and temperature != 1 else None,
                         generator)
     base = model.base_model
-    was_training = base.training
-    base.eval()
+    was_training = base.training                   # switched only when needed: eval() walks every module
+    if was_training:
+        base.eval()
     try:
         out, stats = draft_decode(model, input_ids[0].tolist(), max_new_tokens, eos, selector, policy,
                                   input_ids.shape[1] if prefix == "bidirectional" else 0)
     finally:
-        base.train(was_training)
+        if was_training:
+            base.train()
     return torch.tensor([out], device=model.device), stats

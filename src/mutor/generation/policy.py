@@ -341,7 +341,8 @@ class DraftPolicy:
         self.prompts = 0
         self.budget = 0.0                                                # seconds exploring may still lose
         self._explored: Optional[float] = None      # this round explores: the rate of the best candidate instead
-        self._steady: Optional[tuple[int, bool]] = None                 # best() until the next record / observe
+        self._steady: Optional[tuple[tuple[int, bool], float]] = None   # best() and its rate, until they change
+        self._hope: Optional[tuple[int, bool]] = None                   # the most hopeful candidate, likewise
 
     # --------------------------------------------------------------------- the choice
     def _registers(self, feed: int, at_least: int, tail: bool, optimistic: bool = False) -> int:
@@ -372,27 +373,29 @@ class DraftPolicy:
     def best(self, explore: bool = False) -> tuple[int, bool]:
         """The steady-state candidate ``(K, tail)`` with the most expected tokens per second; plain decoding
         ``(1, False)`` unless a draft beats it by ``margin``. ``explore``: another one where the budget allows
-        (see the module)."""
+        (see the module). Both are kept until the estimates they rest on change (:meth:`record`, :meth:`observe`)."""
         if self.k_max < 2 or 1 not in self.costs.ratio:
             return 1, False
-        if not explore and self._steady is not None:
-            return self._steady
-        candidates = self.candidates
         handicap = lambda c: 1.0 if c[0] == 1 else 1 + self.settings.margin                 # noqa: E731
-        value = {c: self.rate(*c) / handicap(c) for c in candidates}
-        best = max(candidates, key=value.__getitem__)
-        untried = [c for c in candidates[1:] if not self.costs.trusted(rows(c[0], c[0] - 1, c[1]))]
-        if best in untried:                                # fewest rows first: its cost bounds the larger ones'
-            bar = max(value[c] for c in candidates if c not in untried)
-            best = min((c for c in untried if value[c] > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
-        self._steady = best
+        if self._steady is None:
+            candidates = self.candidates
+            value = {c: self.rate(*c) / handicap(c) for c in candidates}
+            best = max(candidates, key=value.__getitem__)
+            untried = [c for c in candidates[1:] if not self.costs.trusted(rows(c[0], c[0] - 1, c[1]))]
+            if best in untried:                            # fewest rows first: its cost bounds the larger ones'
+                bar = max(value[c] for c in candidates if c not in untried)
+                best = min((c for c in untried if value[c] > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
+            self._steady = best, self.rate(*best)
+        best, pace = self._steady
         if explore:                                        # the most hopeful instead, where the budget covers it
-            hope = max(candidates, key=lambda c: self.rate(*c, optimistic=True) / handicap(c))
+            if self._hope is None:
+                self._hope = max(self.candidates, key=lambda c: self.rate(*c, optimistic=True) / handicap(c))
+            hope = self._hope
             if hope != best:
                 tokens, seconds = self._yield(hope[0], hope[1], self.acceptance, hope[0] - 1)
-                lost = seconds - tokens / self.rate(*best)   # its round's seconds beyond best's for as many tokens
+                lost = seconds - tokens / pace             # its round's seconds beyond best's for as many tokens
                 if lost <= self.budget:                    # charged as measured once the round is done (record)
-                    self._explored = self.rate(*best)
+                    self._explored = pace
                     return hope
         return best
 
@@ -491,14 +494,14 @@ class DraftPolicy:
         if pace and not prompt:                            # its seconds beyond the best's for as many tokens
             self.budget -= seconds - tokens / pace
         self._explored = None
-        self._steady = None
-        if prompt:
+        if prompt:                                         # no in-answer estimate changes: best() stands
             self.prompts += 1
             per = seconds / rows
             w = max(1 / self.prompts, self.settings.smoothing)
             self.prompt_row = per if self.prompt_row is None else (1 - w) * self.prompt_row + w * per
             self.first.forget()
             return
+        self._steady = self._hope = None
         self.acceptance.forget()
         self.costs.forget()
         self.costs.record(rows, seconds)
@@ -522,8 +525,11 @@ class DraftPolicy:
             first: The prompt's registers drafted it.
             ended: It foresaw the eos right after its tokens (see :class:`Acceptance`).
         """
-        (self.first if first else self.acceptance).observe(drafted, kept, ended)
-        self._steady = None
+        if first:                                          # the prompt's drafts: best() does not read them
+            self.first.observe(drafted, kept, ended)
+            return
+        self.acceptance.observe(drafted, kept, ended)
+        self._steady = self._hope = None
 
     def state(self) -> dict:
         """What the policy believes now (a benchmark row's record of why it drafted as it did): ms per forward by

@@ -123,8 +123,10 @@ class RegisterProposer:
             The proposal; no register follows a token whose keeping ends decoding.
         """
         if prompt:
+            # the round after feeds at most room - 1 drafted tokens (it emits one more), so registers beyond that
+            # would draft tokens no round can feed
             self.foreseen = None
-            r = self.policy.prompt_registers() if room > 0 else 0
+            r = min(self.policy.prompt_registers(), room - 1) if room > 1 else 0
             return Proposal([], None, r, [0] if r else [])
         usable, at_eos = until_end(self.draft, eos, room, self.sampled)
         if usable and not self.sampled:                    # fed or not, the decoded tokens settle it
