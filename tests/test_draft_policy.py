@@ -196,3 +196,31 @@ def test_trying_counts_of_rows_where_every_row_is_dear_loses_at_most_its_trials(
     largest_trial = costs[16] - plain                      # one trial may start just above the limit
     assert lost[6.0] <= 6 * plain + largest_trial + 0.005 * out["K=1"]["seconds"] < lost[1e9], lost
     assert lost[6.0] < 0.5 * lost[1e9], lost
+
+
+@pytest.mark.parametrize("room, registers", [(1, 0), (2, 1), (3, 2), (10, 3)])
+def test_the_prompts_registers_draft_no_more_than_the_next_round_may_feed(room, registers):
+    # the round after the prompt's emits one token more than it feeds: room - 1 drafted tokens at most
+    for policy in (FixedDraft(4), _drafting_policy()):
+        assert RegisterProposer(policy).propose(room, set(), prompt=True).registers == registers
+
+
+def test_the_kept_choice_is_the_one_computed_afresh():
+    import copy
+    import random
+
+    rng = random.Random(0)
+    policy = DraftPolicy(4)
+    for step in range(300):                                # costs, drafts and prompts in a random order
+        event = rng.random()
+        if event < 0.4:
+            policy.record(rng.choice([1, 2, 3, 4, 5, 7, 9, 16]), 0.05 * rng.lognormvariate(0, 0.3),
+                          tokens=rng.randint(1, 3))
+        elif event < 0.5:
+            policy.record(20, 0.1, prompt=True)
+        else:
+            policy.observe(3, rng.randint(0, 3), first=event < 0.6)
+        afresh = copy.deepcopy(policy)
+        afresh._steady = afresh._hope = None               # what the same estimates give when computed again
+        assert (policy.best(), policy.best(explore=True)) == (afresh.best(), afresh.best(explore=True))
+        assert (policy._steady, policy._hope) == (afresh._steady, afresh._hope)   # the choices and the pace
