@@ -379,13 +379,14 @@ class DraftPolicy:
         handicap = lambda c: 1.0 if c[0] == 1 else 1 + self.settings.margin                 # noqa: E731
         if self._steady is None:
             candidates = self.candidates
-            value = {c: self.rate(*c) / handicap(c) for c in candidates}
+            rate = {c: self.rate(*c) for c in candidates}
+            value = {c: rate[c] / handicap(c) for c in candidates}
             best = max(candidates, key=value.__getitem__)
             untried = [c for c in candidates[1:] if not self.costs.trusted(rows(c[0], c[0] - 1, c[1]))]
             if best in untried:                            # fewest rows first: its cost bounds the larger ones'
                 bar = max(value[c] for c in candidates if c not in untried)
                 best = min((c for c in untried if value[c] > bar), key=lambda c: (rows(c[0], c[0] - 1, c[1]), c))
-            self._steady = best, self.rate(*best)
+            self._steady = best, rate[best]
         best, pace = self._steady
         if explore:                                        # the most hopeful instead, where the budget covers it
             if self._hope is None:
