@@ -10,21 +10,22 @@ Three parts, each doing one thing, and their settings in one frozen dataclass:
   round, the feed that finishes it soonest).
 
 The choice exploits the estimates, and explores on a budget: where the candidate that is best when every
-acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it
-is taken instead as long as the time exploring has lost stays within ``explore`` of the decoding time. The loss
-is counted after each explored round, as measured (its seconds beyond what the best candidate would take for
-the tokens it gave), not as estimated: estimates that have not been fed are what exploring tries, so they are
-the ones that can be wrong, and an explored round that pays refunds its share. Learning what a count of rows
-costs is exploring too: until a count has been timed ``trust`` times it is priced at most what a smaller count
-costs (so that every candidate that could win is tried), its rounds are charged the same way, and no such count
-is tried once the budget is ``trials`` plain forwards below zero (where extra rows are dear, as with a
-262k-token vocabulary's logits on a CPU, trying them all would cost more than the answers' decoding gains). What
-has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows back: a choice that
-looked bad on one unlucky measurement is tried again, while exploring never costs more than its share. Only the
-steady-state draft length explores: the prompt's registers and the round after the prompt's are decided on the
-estimates as they stand (an answer of a few tokens is mostly that round, and a round explored there is a large
-share of it; replayed on recorded traces of 4-token answers, exploring there cost 1.4-4.6 % of the decoding time).
-"""
+acceptance is taken ``optimism`` standard errors high and every cost as many low differs from the best one, it is
+taken instead as long as the time exploring has lost stays within ``explore`` of the decoding time. The loss is
+counted after each explored round, as measured (its seconds beyond what the best candidate would take for the
+tokens it gave), not as estimated: estimates that have not been fed are what exploring tries, so they are the
+ones that can be wrong, and an explored round that pays refunds its share. Learning what a count of rows costs is
+exploring too: until a count has been timed ``trust`` times it is priced at most what a smaller count costs (so
+that every candidate that could win is tried) unless its timings so far exceed that by more than their noise
+allows (``doubt``: on a quiet machine one forward of a dear count rules it out), its rounds are charged the same
+way, and no such count is tried once the budget is ``trials`` plain forwards below zero (where extra rows are
+dear, as with a 262k-token vocabulary's logits on a CPU, trying them all would cost more than the answers'
+decoding gains). What has not been observed for a while (``revisit``) loses its weight, so its uncertainty grows
+back: a choice that looked bad on one unlucky measurement is tried again, while exploring never costs more than
+its share. Only the steady-state draft length explores: the prompt's registers and the round after the prompt's
+are decided on the estimates as they stand (an answer of a few tokens is mostly that round, and a round explored
+there is a large share of it; replayed on recorded traces of 4-token answers, exploring there cost 1.4-4.6 % of
+the decoding time)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ class DraftSettings:
     trust: int = field(default=3, metadata={
         "help": "Forwards of a row count before its measured cost is trusted over the least it may cost (one "
                 "slow forward does not rule a draft out)."})
+    doubt: float = field(default=2.0, metadata={
+        "help": "Before ``trust`` forwards, a count of rows is priced at its measured cost taken this many "
+                "standard errors low (the spread of the forwards around their predictions, over the root of "
+                "its forwards), where that is more than the least it may cost: on a quiet machine one slow "
+                "forward of a dear count (a large vocabulary's logits) rules it out, under a load it takes more."})
     margin: float = field(default=0.0, metadata={
         "help": "How much a draft's expected rate must beat plain decoding's by (0.05: 5 %)."})
     clock: str = field(default="wall", metadata={
@@ -83,6 +89,7 @@ class DraftSettings:
                                    "a non-empty tuple of numbers in [0, 1)"),
                    "spike": (self.spike > 1, "> 1"),
                    "trust": (isinstance(self.trust, int) and self.trust >= 1, "an integer >= 1"),
+                   "doubt": (self.doubt >= 0, ">= 0"),
                    "margin": (self.margin >= 0, ">= 0"), "clock": (self.clock in ("wall", "cpu"), "'wall' or 'cpu'")}
         for name, (ok, rule) in allowed.items():
             if not ok:
@@ -238,10 +245,12 @@ class RowCosts:
 
     def seconds(self, rows: int, optimistic: bool = False) -> float:
         """The seconds of a forward of ``rows`` rows: measured, its estimate (``optimistic``: ``optimism``
-        standard errors low); not measured, the most a measured count with fewer rows costs (more rows seldom
-        cost less; costs are not assumed to grow with the rows either: in float32 on a CPU 4 rows can cost less
-        than 2). Infinite when no count with fewer rows is measured, and for a count of more than one row
-        measured fewer than ``trust`` times while not :attr:`open` (its trial is exploring, on the budget)."""
+        standard errors low), while measured fewer than ``trust`` times at most the most a count with fewer rows
+        costs, unless its estimate ``doubt`` standard errors low is more; not measured, the most a measured count
+        with fewer rows costs (more rows seldom cost less; costs are not assumed to grow with the rows either:
+        in float32 on a CPU 4 rows can cost less than 2). Infinite when no count with fewer rows is measured,
+        and for a count of more than one row measured fewer than ``trust`` times while not :attr:`open` (its
+        trial is exploring, on the budget)."""
         if not self.open and rows > 1 and not self.trusted(rows):
             return math.inf
         table = self._table(optimistic)
@@ -264,7 +273,8 @@ class RowCosts:
 
     def _table(self, optimistic: bool) -> dict[int, float]:
         """Every measured count's seconds, in one pass by rows (a count measured fewer than ``trust`` times at
-        most the most a count with fewer rows costs); kept until the next measurement or round."""
+        most the most a count with fewer rows costs, or its estimate ``doubt`` standard errors low if that is
+        more); kept until the next measurement or round."""
         if optimistic in self._cache:
             return self._cache[optimistic]
         s = self.settings
@@ -275,8 +285,8 @@ class RowCosts:
             c = math.exp(self.level + self.ratio[r])
             if optimistic:
                 c *= math.exp(-s.optimism * noise / math.sqrt(self.count[r] + 1))
-            if not self.trusted(r):
-                c = min(c, least)
+            if not self.trusted(r):                         # the bound, unless timed clearly above it
+                c = min(c, max(least, c * math.exp(-s.doubt * noise / math.sqrt(self.measured[r]))))
             table[r] = c
             least = c if least == math.inf else max(least, c)
         self._cache[optimistic] = table
@@ -302,7 +312,8 @@ class DraftPolicy:
       (the token and K-1 registers) that follows a rejected draft; ``P(K)`` the chance the whole draft is kept;
 
     and plain decoding (K = 1) unless a draft beats it by ``margin``. A count of rows not measured yet is taken
-    to cost the most a measured count with fewer rows does, so each candidate that could win is tried, while
+    to cost the most a measured count with fewer rows does (and one measured fewer than ``trust`` times at most
+    that, unless clearly above it), so each candidate that could win is tried, while
     trying loses no more than the exploring budget and ``trials`` plain forwards (see the module). A
     round that has no draft to feed feeds the token and r registers, the cheapest r >= K-1 (in float32 on a CPU
     4 rows can cost less than 2).
