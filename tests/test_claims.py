@@ -50,6 +50,14 @@ def test_the_word_reversal_reading_of_three_seeds_just_holds_at_95_percent():
     assert abs(iv.mean) / se == pytest.approx(4.36, abs=0.01)
 
 
+def test_a_bound_near_0_keeps_the_decimals_that_show_its_sign():
+    """-13.0, -15.3, -6.3 points: the interval ends 0.05 above 0, which the width's own digits would write "+0"."""
+    iv = paired([-13.0, -46 / 3, -19 / 3])
+    assert 0 < iv.high < 0.1 and not iv.holds and reading(iv) == "not shown"
+    assert format_interval(iv) == "-11.56 [-23.16, +0.05]"                    # every number to the same decimals
+    assert format_interval(iv, digits=0) == "-11.56 [-23.16, +0.05]"
+
+
 def test_two_seeds_are_exploratory_however_far_from_0():
     iv = paired([10.0, 11.0])                          # 10.5 ± 12.706 * 0.5: [4.147, 16.853]
     assert (iv.low, iv.high) == pytest.approx((10.5 - T1 * 0.5, 10.5 + T1 * 0.5))

@@ -190,6 +190,9 @@ def decimals(half: float, default: int = 1) -> int:
 def format_interval(iv: Interval, digits: Optional[int] = None, scale: float = 1.0) -> str:
     """``-9.7 [-19.2, -0.1]``: the mean and the interval shown, with the digits the interval's width supports.
 
+    A bound that is not 0 never reads as 0: every number gets the further decimals (up to 6) that show its sign
+    (``-11.56 [-23.16, +0.05]``, not ``-12 [-23, +0]``), since the sign is what the claim rule reads.
+
     Args:
         iv: The interval.
         digits: Decimals to use instead of :func:`decimals` of the half-width.
@@ -201,6 +204,8 @@ def format_interval(iv: Interval, digits: Optional[int] = None, scale: float = 1
     d = decimals(iv.half * scale) if digits is None else digits
     if math.isnan(iv.low):
         return f"{iv.mean * scale:+.{d}f} [no interval]"
+    while d < 6 and any(b != 0 and round(b * scale, d) == 0 for b in (iv.low, iv.high)):
+        d += 1
     return f"{iv.mean * scale:+.{d}f} [{iv.low * scale:+.{d}f}, {iv.high * scale:+.{d}f}]"
 
 
