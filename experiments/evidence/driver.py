@@ -33,9 +33,11 @@ A run whose row is already in ``results`` is skipped (only a stage it still owes
 driver can be started any number of times; to train and score a committed row again, use ``reproduce.py``,
 which runs these same stages into a scratch directory. ``--results`` and ``--runs-dir`` replace the plan's
 results file and run directory. A group with a ``stopped`` key (its own rule ended it, e.g. a pilot outside its
-band) trains no further run; its rows stand. A run is claimed by a lock file holding the driver's pid, so two
-drivers never train the same run; a lock whose process is gone is taken over. Stop the driver with Ctrl-C or
-``kill PID``: it stops its children, and the next start resumes from the last checkpoint.
+band) trains no further run; its rows stand. A group named in the plan's ``as_trained`` block trains with the
+values listed there before its own overrides: what its recipe said when it trained, where the recipe has changed
+since. A run is claimed by a lock file holding the driver's pid, so two drivers never train the same run; a lock
+whose process is gone is taken over. Stop the driver with Ctrl-C or ``kill PID``: it stops its children, and the
+next start resumes from the last checkpoint.
 
     nohup python experiments/evidence/driver.py --slots 2 --threads 1 > runs/evidence.log 2>&1 &
     python experiments/evidence/driver.py --list          # the plan and what is done
@@ -101,15 +103,39 @@ class Run:
         return self.epochs * self.group["steps_per_epoch"]
 
 
+def as_trained(plan: dict, path: Path) -> dict[str, list[str]]:
+    """Group name -> the overrides the plan's ``as_trained`` block puts before the group's own: the values a recipe
+    had when those groups trained on it, where the recipe has changed since. Each entry names its recipe, its
+    overrides and its groups; a group it names must exist and train on that recipe."""
+    groups = {g.get("name"): g for g in plan.get("groups") or []}
+    out: dict[str, list[str]] = {}
+    for entry in plan.get("as_trained") or []:
+        for missing in {"recipe", "overrides", "groups"} - set(entry):
+            raise SystemExit(f"{path}: an as_trained entry has no {missing!r}")
+        for name in entry["groups"]:
+            if name not in groups:
+                raise SystemExit(f"{path}: as_trained names group {name!r}, which the plan does not declare")
+            if groups[name].get("recipe") != entry["recipe"]:
+                raise SystemExit(f"{path}: as_trained pins {entry['recipe']!r} for group {name!r}, which trains on "
+                                 f"{groups[name].get('recipe')!r}")
+            out[name] = [*out.get(name, []), *entry["overrides"]]
+    return out
+
+
 def load_plan(path: Path) -> tuple[dict, list[Run]]:
+    """The plan and its runs in order. A group's ``overrides`` come back with the plan's ``as_trained`` values for
+    it first (:func:`as_trained`), so that everything that trains or resolves a group does so as it trained."""
     try:
         plan = yaml_load(path.read_text(), str(path))
     except MutorUserError as err:
         raise SystemExit(str(err)) from None
+    pinned = as_trained(plan, path)
     runs, seen = [], set()
     for g in plan["groups"]:
         for missing in {"name", "recipe", "epochs", "steps_per_epoch", "runs", "eval"} - set(g):
             raise SystemExit(f"{path}: group {g.get('name', '?')!r} has no {missing!r}")
+        if g["name"] in pinned:                   # a new list: groups merged from one anchor share theirs
+            g["overrides"] = [*pinned[g["name"]], *g.get("overrides", [])]
         for r in g["runs"]:
             run = Run(g, r["method"], int(r["seed"]), int(r.get("epochs", g["epochs"])), r.get("tag", ""),
                       list(r.get("overrides", [])))

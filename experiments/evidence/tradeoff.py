@@ -28,6 +28,7 @@ markers. A weight with fewer than three seeds is shown as exploratory.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 from collections import defaultdict
@@ -38,6 +39,7 @@ from report import comparisons, latest_drafts, load, reading, replace_between
 
 from mutor.eval.claims import format_interval
 from mutor.run.recipe import load_recipe
+from mutor.utils.io import yaml_load
 
 HERE = Path(__file__).resolve().parent
 SWEEP = ("rg-word-reversal-3ep-sweep", "rg-number-sorting-3ep-sweep")
@@ -52,13 +54,23 @@ SEEDS = 3
 MARKS = ("<!-- tradeoff:begin -->", "<!-- tradeoff:end -->")
 
 
-def weight(row: dict) -> Optional[float]:
-    """A MuToR run's loss weight a: from its resolved recipe; for a row without one, its recipe resolved with its
-    overrides as the run was; for a row naming no recipe, its ``mutor.loss_weight=`` override (None where none is
-    found)."""
+@functools.cache
+def _shipped_as_trained() -> dict[str, list[str]]:
+    import driver  # same folder; only for rows that record no resolved recipe
+
+    return driver.as_trained(yaml_load((HERE / "plan.yaml").read_text()), HERE / "plan.yaml")
+
+
+def weight(row: dict, as_trained: Optional[dict[str, list[str]]] = None) -> Optional[float]:
+    """A MuToR run's loss weight a: from its resolved recipe; for a row without one, its recipe resolved as the run
+    was, with the plan's ``as_trained`` values for its group (``as_trained``: group -> overrides; default: the
+    shipped plan's) and then its own overrides; for a row naming no recipe, its ``mutor.loss_weight=`` override
+    (None where none is found)."""
     value = ((row.get("resolved_recipe") or {}).get("mutor") or {}).get("loss_weight")
     overrides = list(row.get("overrides") or [])
     if value is None and row.get("recipe"):
+        pinned = (_shipped_as_trained() if as_trained is None else as_trained).get(row.get("group"), [])
+        overrides = [*pinned, *overrides]
         try:
             value = load_recipe(row["recipe"], overrides).mutor.get("loss_weight")
         except FileNotFoundError:

@@ -13,6 +13,7 @@ import driver
 import pytest
 import report
 import torch
+import tradeoff
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -39,6 +40,65 @@ def test_plan_refuses_a_run_declared_twice(tmp_path):
     with pytest.raises(SystemExit, match="declared twice"):
         driver.load_plan(p)
 
+
+
+# The reasoning-gym recipe's MuToR loss weight before the loss-weight sweep's pick moved it to 0.1: the weight every
+# row of that recipe that records no resolved recipe, and no weight override, trained with.
+REASONING_GYM_WEIGHT_AS_TRAINED = 0.3
+
+
+def test_every_committed_row_resolves_to_the_loss_weight_it_trained_with():
+    """What the driver and reproduce.py would train for each committed row (the plan's entry, with its as_trained
+    values) has the loss weight the row trained with: the one its resolved recipe records, else its override, else
+    the recipe's weight when it trained."""
+    from mutor.run.recipe import load_recipe
+
+    _, runs = driver.load_plan(driver.HERE / "plan.yaml")
+    by_key = {r.key: r for r in runs}
+    rows = report.load(driver.HERE / "results.jsonl")
+    checked = 0
+    for row in rows:
+        run = by_key[(row["group"], row["run"])]
+        now = load_recipe(run.group["recipe"], [*run.group.get("overrides", []), *run.overrides]).mutor["loss_weight"]
+        trained = ((row.get("resolved_recipe") or {}).get("mutor") or {}).get("loss_weight")
+        if trained is None:
+            trained = next((float(o.split("=", 1)[1]) for o in row["overrides"] if o.startswith("mutor.loss_weight=")),
+                           None)
+        if trained is None and row["recipe"] == "real/smollm2-135m-reasoning-gym":
+            trained = REASONING_GYM_WEIGHT_AS_TRAINED
+        if trained is not None:
+            assert now == trained, row["group"] + "/" + row["run"]
+            checked += 1
+        if row["method"] == "mutor":
+            assert tradeoff.weight(row) == now, row["group"] + "/" + row["run"]
+    assert checked >= 100
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{recipe: tiny/gsm8k, overrides: [mutor.loss_weight=0.3], groups: [nope]}", "does not declare"),
+    ("{recipe: tiny/prompt-completion, overrides: [mutor.loss_weight=0.3], groups: [g]}", "which trains on"),
+    ("{recipe: tiny/gsm8k, groups: [g]}", "no 'overrides'"),
+])
+def test_plan_refuses_an_as_trained_entry_that_does_not_fit_its_groups(tmp_path, entry, message):
+    p = tmp_path / "plan.yaml"
+    p.write_text(f"runs_dir: r\nresults: r.jsonl\nas_trained:\n  - {entry}\ngroups:\n"
+                 "  - {name: g, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2, eval: {task: gsm8k},"
+                 " runs: [{method: mutor, seed: 0}]}\n")
+    with pytest.raises(SystemExit, match=message):
+        driver.load_plan(p)
+
+
+def test_as_trained_values_come_before_each_named_groups_own_overrides(tmp_path):
+    p = tmp_path / "plan.yaml"
+    p.write_text("runs_dir: r\nresults: r.jsonl\n"
+                 "as_trained: [{recipe: tiny/gsm8k, overrides: [mutor.loss_weight=0.3], groups: [old]}]\ngroups:\n"
+                 "  - &g {name: old, recipe: tiny/gsm8k, epochs: 1, steps_per_epoch: 2, eval: {task: gsm8k},"
+                 " overrides: &o [seed=1], runs: [{method: mutor, seed: 0}]}\n"
+                 "  - {<<: *g, name: new}\n"
+                 "  - {<<: *g, name: mine, overrides: [mutor.loss_weight=0.2]}\n")
+    plan, runs = driver.load_plan(p)
+    assert [r.group["overrides"] for r in runs] == [["mutor.loss_weight=0.3", "seed=1"], ["seed=1"],
+                                                     ["mutor.loss_weight=0.2"]]
 
 def test_driver_trains_no_further_run_of_a_group_stopped_by_its_rule(tmp_path):
     p = tmp_path / "plan.yaml"

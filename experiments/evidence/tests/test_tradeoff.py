@@ -62,9 +62,13 @@ def test_the_command_writes_the_figure_and_the_marked_block(tmp_path):
         tradeoff.main(["--results", str(results), "--drafting", str(drafting), "--group", "g", "--markdown", str(doc)])
 
 
-def test_a_row_without_a_resolved_recipe_takes_its_weight_from_its_override_or_its_recipe():
+def test_a_row_without_a_resolved_recipe_takes_its_weight_from_its_override_or_its_recipe_as_trained():
     assert tradeoff.weight({"overrides": ["seed=1", "mutor.loss_weight=0.05"]}) == 0.05
-    assert tradeoff.weight({"overrides": [], "recipe": "real/smollm2-135m-reasoning-gym"}) == 0.3
+    assert tradeoff.weight({"overrides": [], "recipe": "real/smollm2-135m-reasoning-gym"}) == 0.1
+    pinned = {"old": ["mutor.loss_weight=0.3"]}                      # the plan's as_trained values for its group
+    row = {"group": "old", "overrides": [], "recipe": "real/smollm2-135m-reasoning-gym"}
+    assert tradeoff.weight(row, pinned) == 0.3 and tradeoff.weight({**row, "group": "new"}, pinned) == 0.1
+    assert tradeoff.weight({**row, "group": "rg-word-reversal"}) == 0.3   # the shipped plan's
     assert tradeoff.weight({"overrides": [], "recipe": "no/such-recipe"}) is None
 
 
