@@ -9,7 +9,8 @@ thread count, into ``--scratch`` (default ``runs/reproduce``, ignored by git): t
 ``runs/``, the fresh row in ``results.jsonl`` and its scored generations under ``generations/``. Nothing in the
 checkout changes, and nothing is committed. A scratch directory that already holds the finished run is scored
 again without training; delete it to train again. Only the results row is reproduced, not the drafting or
-first-hop rows.
+first-hop rows. Reproductions side by side each need their own ``--scratch``; they may ``--record`` into the same
+checkout.
 
 What counts as reproduced, for each split compared (exit status 0 when every one does, 1 otherwise):
 
@@ -34,6 +35,7 @@ The held-out answer loss (where the row has one) is compared the same way, with 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import json
 import math
@@ -199,8 +201,11 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
            "same_precision": same, "lines": lines}
     path = results.with_name("reproductions.jsonl")
-    kept = [r for r in load(path) if (r["group"], r["run"]) != key]
-    path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
+    path.touch()
+    with open(path, "a") as held:            # reproductions side by side record one after the other, none lost
+        fcntl.flock(held, fcntl.LOCK_EX)
+        kept = [r for r in load(path) if (r["group"], r["run"]) != key]
+        path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
     for split, src in generations.items():            # the answers of another experiment are not the row's
         if same and src.is_file():
             dst = reproduction_path(results, *key, split)

@@ -150,6 +150,31 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
                                                             "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
 
 
+
+def test_reproductions_recorded_side_by_side_keep_both_verdicts(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import report
+
+    slow = report.load
+
+    def load(path):                                 # a wide window between reading the file and writing it back
+        rows = slow(path)
+        time.sleep(0.3)
+        return rows
+
+    monkeypatch.setattr(reproduce, "load", load)
+    results = tmp_path / "results.jsonl"
+    rows = [_row([1.0, 0.0], run=f"mutor_s{s}") for s in (0, 1)]
+    threads = [threading.Thread(target=reproduce.record, args=(results, r, r, reproduce.compare(r, r), {}))
+               for r in rows]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(r["run"] for r in slow(results.with_name("reproductions.jsonl"))) == ["mutor_s0", "mutor_s1"]
+
 def test_a_run_trained_in_another_precision_is_not_read_as_reproduced(tmp_path):
     import report
 
