@@ -201,7 +201,6 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
            "same_precision": same, "lines": lines}
     path = results.with_name("reproductions.jsonl")
-    path.touch()
     with open(path, "a") as held:            # reproductions side by side record one after the other, none lost
         fcntl.flock(held, fcntl.LOCK_EX)
         kept = [r for r in load(path) if (r["group"], r["run"]) != key]

@@ -41,7 +41,6 @@ def test_plan_refuses_a_run_declared_twice(tmp_path):
         driver.load_plan(p)
 
 
-
 # The reasoning-gym recipe's MuToR loss weight before the loss-weight sweep's pick moved it to 0.1: the weight every
 # row of that recipe that records no resolved recipe, and no weight override, trained with.
 REASONING_GYM_WEIGHT_AS_TRAINED = 0.3
@@ -99,6 +98,7 @@ def test_as_trained_values_come_before_each_named_groups_own_overrides(tmp_path)
     plan, runs = driver.load_plan(p)
     assert [r.group["overrides"] for r in runs] == [["mutor.loss_weight=0.3", "seed=1"], ["seed=1"],
                                                      ["mutor.loss_weight=0.2"]]
+
 
 def test_driver_trains_no_further_run_of_a_group_stopped_by_its_rule(tmp_path):
     p = tmp_path / "plan.yaml"

@@ -150,7 +150,6 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
                                                             "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
 
 
-
 def test_reproductions_recorded_side_by_side_keep_both_verdicts(tmp_path, monkeypatch):
     import threading
     import time
@@ -174,6 +173,7 @@ def test_reproductions_recorded_side_by_side_keep_both_verdicts(tmp_path, monkey
     for th in threads:
         th.join()
     assert sorted(r["run"] for r in slow(results.with_name("reproductions.jsonl"))) == ["mutor_s0", "mutor_s1"]
+
 
 def test_a_run_trained_in_another_precision_is_not_read_as_reproduced(tmp_path):
     import report
