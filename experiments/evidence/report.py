@@ -468,20 +468,26 @@ def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) ->
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
-def reproductions_table(rows: list[dict]) -> str:
+def reproductions_table(rows: list[dict], committed: list[dict] = ()) -> str:
     """Rows trained and scored again (``reproduce.py --record``): per split and measure, the committed and the
     fresh value, their difference, the tolerance (the committed value's 95 % per-example half-width), how many
-    per-example scores are the same, and the reading (none where the fresh run trained in another precision)."""
+    per-example scores are the same, the reading (none where the fresh run trained in another precision), and
+    the code and training threads of both runs (a row recorded without the committed thread count takes it from
+    ``committed``, the committed results rows)."""
+    threads = {(c["group"], c["run"]): c.get("threads") for c in committed}
     out = ["| group | run | split | measure | committed | fresh | difference | tolerance (±) | same per-example "
-           "scores | reading | code (committed, fresh) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "scores | reading | code (committed, fresh) | threads (committed, fresh) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["group"], r["run"])):
+        both = (r.get("committed_threads") or threads.get((r["group"], r["run"])), r.get("threads"))
         for x in r["lines"]:
             d = decimals(x["tolerance"], default=1)
             same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
             out.append(f"| {r['group']} | {r['run']} | {x['split']} | {x['measure']} | {x['committed']:.{d}f} | "
                        f"{x['fresh']:.{d}f} | {x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | "
                        f"{x['status'] if r.get('same_precision', True) else 'not comparable: ' + r['precision']} | "
-                       f"{r.get('committed_code') or '?'}, {r.get('code') or '?'} |")
+                       f"{r.get('committed_code') or '?'}, {r.get('code') or '?'} | "
+                       f"{', '.join(str(t or '?') for t in both)} |")
     return "\n".join(out)
 
 
@@ -553,12 +559,13 @@ def main(argv=None) -> int:
     again = load(args.results.with_name("reproductions.jsonl"))
     if again:
         md += ("\n\nRows trained and scored again from their plan entries (`reproduce.py GROUP/RUN --record`, into a "
-               "scratch directory, with the committed row's thread count; their answers are under "
+               "scratch directory, with the committed row's thread count unless `--threads` gives another, shown in "
+               "the table's last column; their answers are under "
                "`experiments/evidence/reproductions/`): identical per-example scores are what the same kind of CPU and "
                "library versions give; within tolerance, a difference no larger than the committed score's 95 % "
                "per-example half-width (another summation order flips some answers); not comparable, a run trained "
                "in another precision (a CPU without fast bf16 trains a bf16 recipe in float32):\n\n"
-               + reproductions_table(again))
+               + reproductions_table(again, rows))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:
         md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning "

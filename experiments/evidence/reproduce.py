@@ -195,7 +195,8 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
     key, same = (committed["group"], committed["run"]), same_precision(committed, fresh)
     row = {"group": key[0], "run": key[1], "committed_code": committed.get("code"),
            "committed_finished_at": committed.get("finished_at"), "code": fresh.get("code"),
-           "finished_at": fresh.get("finished_at"), "threads": fresh.get("threads"),
+           "finished_at": fresh.get("finished_at"), "committed_threads": committed.get("threads"),
+           "threads": fresh.get("threads"),
            "reproduced": reproduced(lines) and same,
            "identical": all(x["status"] == "identical" for x in lines),
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),

@@ -132,7 +132,8 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
     import report
 
     results = tmp_path / "results.jsonl"
-    committed, fresh = _row([1.0, 0.0, 1.0, 1.0], code="aaa"), _row([1.0, 0.0, 0.0, 1.0], code="bbb")
+    committed = _row([1.0, 0.0, 1.0, 1.0], code="aaa", threads=1)
+    fresh = _row([1.0, 0.0, 0.0, 1.0], code="bbb", threads=2)
     answers = tmp_path / "fresh.jsonl.gz"
     with gzip.open(answers, "wt") as f:
         f.write('{"generation": "x"}\n')
@@ -144,7 +145,10 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
     assert report.reproduction_path(results, "g", "mutor_s0", "test").read_bytes() == answers.read_bytes()
     table = report.reproductions_table([row])
     assert "| g | mutor_s0 | test | exact match (points) |" in table
-    assert "| 3/4 | within tolerance | aaa, bbb |" in table
+    assert "| 3/4 | within tolerance | aaa, bbb | 1, 2 |" in table
+    older = {k: v for k, v in row.items() if k != "committed_threads"}      # recorded before the field existed
+    assert "| aaa, bbb | 1, 2 |" in report.reproductions_table([older], [committed])
+    assert "| aaa, bbb | ?, 2 |" in report.reproductions_table([older])
     assert "no; trained again: test" in report.runs_table([{**committed, "method": "mutor", "tag": "", "seed": 0,
                                                             "epochs": 1, "selected_checkpoint": "checkpoint-1",
                                                             "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
