@@ -50,6 +50,7 @@ import fnmatch
 import gzip
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -204,6 +205,35 @@ def _head() -> str:
     """The short commit of the code this driver runs (recorded in every row it writes)."""
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                           capture_output=True, text=True).stdout.strip()
+
+
+MACHINE_PACKAGES = ("torch", "transformers", "peft", "accelerate")      # what decides a training step's arithmetic
+
+
+def machine() -> dict:
+    """Where a row trained (recorded in every row it writes): the CPU's model name and the bf16 instruction sets
+    it has (AMX or not picks other bf16 kernels, hence another summation order), Python's and the packages'
+    versions. A row trained again elsewhere is compared with these in mind (``reproduce.py``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    versions = {}
+    for name in MACHINE_PACKAGES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    return {"cpu": cpu, "bf16_isa": sorted(flags & {"avx512_bf16", "amx_bf16"}),
+            "python": platform.python_version(), **versions}
 
 
 def train_ntp_loss_last(summary: dict, run: Run) -> Optional[float]:
@@ -381,7 +411,7 @@ class Driver:
                 "train_cost_complete": not procs[0]["resumed"],
                 "threads": self.args.threads, "parameters": s.get("parameters"), "precision": s.get("precision"),
                 "clipping": s.get("clipping"), "resolved_recipe": resolved_recipe(d), "code": commit,
-                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def needs_drafting(self, run: Run) -> bool:
         """A MuToR run whose drafting row is missing (the plan's ``drafting`` block)."""

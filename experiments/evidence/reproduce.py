@@ -177,6 +177,20 @@ def precision_note(committed: dict, fresh: dict) -> str:
         "precision: the committed row records none"
 
 
+def machine_note(committed: dict, fresh: dict) -> str:
+    """Whether the fresh run trained on the committed row's kind of machine (``machine`` as the driver records it:
+    CPU model, its bf16 instruction sets, Python's and the packages' versions), naming what differs. Another
+    machine may sum in another order, so a row trained there is expected within tolerance, not identical."""
+    old, new = committed.get("machine"), fresh.get("machine") or {}
+    if not old:
+        return "machine: the committed row records none"
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if not keys:
+        return "machine: the same kind as the committed row's"
+    return "machine: DIFFERS from the committed row's in " + ", ".join(
+        f"{k} ({old.get(k)} -> {new.get(k)})" for k in keys)
+
+
 def record(results: Path, committed: dict, fresh: dict, lines: list[dict], generations: dict[str, Path]) -> Path:
     """Keep a reproduction beside the committed rows: its verdict as a row of ``reproductions.jsonl`` (replacing
     an earlier one of the same run) and, where it trained in the row's precision, its scored generations under
@@ -200,7 +214,7 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
            "reproduced": reproduced(lines) and same,
            "identical": all(x["status"] == "identical" for x in lines),
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
-           "same_precision": same, "lines": lines}
+           "machine": machine_note(committed, fresh), "same_precision": same, "lines": lines}
     path = results.with_name("reproductions.jsonl")
     with open(path, "a") as held:            # reproductions side by side record one after the other, none lost
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -275,6 +289,7 @@ def main(argv=None) -> int:
           f"fresh {fresh.get('train_ntp_loss_last')}")
     print(recipe_note(committed, fresh))
     print(precision_note(committed, fresh))
+    print(machine_note(committed, fresh))
     if args.record:
         kept_at = record(results, committed, fresh, lines,
                          {s: generations_path(drv.results, *run.key, s) for s in splits})

@@ -67,6 +67,21 @@ def test_the_recipe_note_says_whether_the_resolved_recipes_agree():
     assert "records none" in reproduce.recipe_note({}, a)
 
 
+def test_the_machine_note_names_what_differs_between_the_machines_the_two_runs_trained_on():
+    import driver
+
+    here = driver.machine()
+    assert here["torch"] and here["transformers"] and here["python"] and here["cpu"]
+    assert set(here["bf16_isa"]) <= {"avx512_bf16", "amx_bf16"}
+    assert reproduce.machine_note({"machine": here}, {"machine": here}) == \
+        "machine: the same kind as the committed row's"
+    other = {**here, "cpu": "Another CPU", "bf16_isa": ["amx_bf16", "avx512_bf16"]}
+    note = reproduce.machine_note({"machine": other}, {"machine": here})
+    assert note.startswith("machine: DIFFERS from the committed row's in bf16_isa (")
+    assert f"cpu (Another CPU -> {here['cpu']})" in note and "torch" not in note
+    assert reproduce.machine_note({}, {"machine": here}) == "machine: the committed row records none"
+
+
 def test_start_sh_commits_nothing_unless_asked():
     text = (ROOT / "experiments/evidence/start.sh").read_text()
     launch = text[text.index("nohup python experiments/evidence/driver.py"):]
@@ -110,6 +125,7 @@ groups:
     assert again.returncode == 0, again.stdout + again.stderr
     assert "| test | exact match (points) |" in again.stdout and "| 4/4 | 4/4 | identical |" in again.stdout
     assert "resolved recipe: the same as the committed row's" in again.stdout
+    assert row["machine"]["torch"] and "machine: the same kind as the committed row's" in again.stdout
     assert again.stdout.rstrip().endswith("reproduced (identical)")
     assert (tmp_path / "results.jsonl").read_text() == committed              # the committed rows unchanged
     fresh = json.loads((tmp_path / "scratch" / "results.jsonl").read_text())
@@ -120,6 +136,7 @@ groups:
     assert recorded.returncode == 0 and "recorded in" in recorded.stdout, recorded.stdout + recorded.stderr
     (verdict,) = [json.loads(x) for x in (tmp_path / "reproductions.jsonl").read_text().splitlines()]
     assert verdict["reproduced"] and verdict["identical"] and verdict["lines"][0]["same_items"] == 4
+    assert verdict["machine"] == "machine: the same kind as the committed row's"
     assert (tmp_path / "reproductions" / "tiny" / "mutor_s0" / "test.jsonl.gz").is_file()
     assert (tmp_path / "results.jsonl").read_text() == committed
     missing = run(ROOT / "experiments/evidence/reproduce.py", "tiny/next_token_s0", "--plan", plan)
