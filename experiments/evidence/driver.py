@@ -212,8 +212,8 @@ MACHINE_PACKAGES = ("torch", "transformers", "peft", "accelerate")      # what d
 
 def machine() -> dict:
     """Where a row trained (recorded in every row it writes): the CPU's model name and the bf16 instruction sets
-    it has (AMX or not picks other bf16 kernels, hence another summation order), Python's and the packages'
-    versions. A row trained again elsewhere is compared with these in mind (``reproduce.py``)."""
+    it has (with AMX or without, the bf16 kernels may differ, hence the summation order), Python's and the
+    packages' versions. A row trained again elsewhere is compared with these in mind (``reproduce.py``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     cpu, flags = platform.processor() or platform.machine(), set()
