@@ -389,12 +389,9 @@ def environment() -> dict:
     import torch
     import transformers
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from mutor.utils.devices import cpu_description
+
+    cpu, _ = cpu_description()
     return {"cpu": cpu, "nproc": os.cpu_count(), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -67,6 +67,18 @@ def test_device_and_dtype_resolution(monkeypatch):
     assert model_device(model) == SENTINEL
 
 
+def test_cpu_description_reads_the_first_processors_model_name_and_flags(tmp_path):
+    import platform
+
+    from mutor.utils.devices import cpu_description
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: fpu avx512f avx512_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: Another CPU\nflags\t\t: fpu\n")
+    assert cpu_description(str(info)) == ("Some CPU @ 2.0GHz", frozenset({"fpu", "avx512f", "avx512_bf16"}))
+    assert cpu_description(str(tmp_path / "none")) == (platform.processor() or platform.machine(), frozenset())
+
+
 def test_the_spy_catches_an_input_left_on_the_cpu():
     """The check itself: an evaluator that forgets `.to(model.device)` fails it."""
     model, record = _spied(_graph_model())

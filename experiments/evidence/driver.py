@@ -65,6 +65,7 @@ from typing import Optional
 from report import generations_path, load  # same folder: where a row's generations are kept, the rows
 
 from mutor.run.train import last_checkpoint
+from mutor.utils.devices import cpu_description
 from mutor.utils.errors import MutorUserError
 from mutor.utils.io import yaml_load
 
@@ -216,16 +217,7 @@ def machine() -> dict:
     packages' versions. A row trained again elsewhere is compared with these in mind (``reproduce.py``)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    cpu, flags = platform.processor() or platform.machine(), set()
-    info = Path("/proc/cpuinfo")
-    if info.is_file():
-        for line in info.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                cpu = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
+    cpu, flags = cpu_description()
     versions = {}
     for name in MACHINE_PACKAGES:
         try:

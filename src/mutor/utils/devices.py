@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import platform
 from typing import Optional, Union
 
 import torch
 
-__all__ = ["cache_argument", "model_device", "resolve_device"]
+__all__ = ["cache_argument", "cpu_description", "model_device", "resolve_device"]
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -34,6 +35,23 @@ def _cache_argument_of(cls: type) -> Optional[str]:
     """``cache`` / ``past_key_values`` when ``cls.forward`` names one of them, else None."""
     params = inspect.signature(cls.forward).parameters
     return "cache" if "cache" in params else ("past_key_values" if "past_key_values" in params else None)
+
+
+def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """The CPU's model name and its instruction-set flags, from ``cpuinfo`` (its first processor); where there is
+    none, ``platform.processor()`` and no flags. What a benchmark or an evidence row says it ran on."""
+    name, flags = platform.processor() or platform.machine(), frozenset()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    return name, frozenset(value.split())
+    except OSError:
+        pass
+    return name, flags
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
