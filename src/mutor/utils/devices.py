@@ -39,8 +39,9 @@ def _cache_argument_of(cls: type) -> Optional[str]:
 
 def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
     """The CPU's model name and its instruction-set flags, from ``cpuinfo`` (its first processor); where there is
-    none, ``platform.processor()`` and no flags. What a benchmark or an evidence row says it ran on."""
-    name, flags = platform.processor() or platform.machine(), frozenset()
+    none, ``platform.processor()`` (else ``platform.machine()``) and no flags. What a benchmark or an evidence row
+    says it ran on."""
+    name = platform.processor() or platform.machine()
     try:
         with open(cpuinfo) as f:
             for line in f:
@@ -51,7 +52,7 @@ def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]
                     return name, frozenset(value.split())
     except OSError:
         pass
-    return name, flags
+    return name, frozenset()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
