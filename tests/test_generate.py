@@ -225,12 +225,15 @@ def test_bidirectional_prefix_decoding_is_lossless(family):
 
 @pytest.mark.usefixtures("model_head")
 def test_auto_drafts_long_with_oracle_registers_and_stays_lossless():
+    """Registers that are always right, forwards priced by the tests' cost model (conftest: a few extra rows cost
+    little beside a forward): ``auto`` drafts, more than two tokens a forward on average, and stays lossless."""
     base, ids, target, model = _oracle(40)
     got, stats = generate(model, ids, max_new_tokens=40, draft_registers="auto", eos_token_id=[])
     assert got[0].tolist() == target
-    assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 40
+    assert sum(stats.rounds.values()) == stats.forwards and stats.forwards < 20
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("clock, ticking", [("wall", "perf_counter"), ("cpu", "thread_time")])
 def test_generate_times_its_forwards_by_the_policys_clock(monkeypatch, clock, ticking):
     """Every timed forward is recorded as a difference of the clock the settings name (a fake one here, 1 s a
