@@ -112,7 +112,7 @@ def test_jsonl_row_without_the_answer_names_file_row_and_field(tmp_path, capsys)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
     _one_line_error(capsys, ["train", "tiny/gsm8k", f"data.path={bad}", "--quiet", "--output-dir",
-                             str(tmp_path / "run")], str(bad), "row 3", "'answer'")
+                             str(tmp_path / "run")], str(bad), "row 4", "'answer'")   # line 4 of the file
     assert not (tmp_path / "run").exists()
 
 

@@ -154,3 +154,158 @@ def test_methods_are_compared_with_next_token_paired_by_seed_by_the_claim_rule(t
     alone = tmp_path / "alone"
     _eval_summary(alone / "mutor", "mutor", 0, 0.5)
     assert "paired by seed" not in comparison_table(collect_summaries([str(alone)]))   # no next_token: no line
+
+
+# ------------------------------------------------------------------ like with like
+def _text_training_summary(run: Path, method: str, objective: float, ntp: float, seed: int = 0) -> Path:
+    """A `mutor train` summary of a task without a metric of its own: its final held-out evaluation records the
+    method's objective (`eval_loss`) beside the next-token loss every method measures alike (`eval_ntp_loss`)."""
+    run.mkdir(parents=True, exist_ok=True)
+    final = {"eval_step": 20, "eval_loss": objective, "eval_ntp_loss": ntp, "eval_runtime": 0.5}
+    if method != "next_token":
+        final["eval_reg_loss"] = (objective - 0.7 * ntp) / 0.3
+    f = run / "summary.json"
+    f.write_text(json.dumps({"method": method, "seed": seed, "task": "prompt_completion", "recipe": "pc",
+                             "finished": True, "primary_metric": None, "global_step": 20, "train_loss": 4.8,
+                             "wall_seconds": 1.0, "eval_history": [final]}))
+    return f
+
+
+def test_training_summaries_are_compared_on_the_held_out_next_token_loss(tmp_path, capsys):
+    """MuToR's objective (4.309) is above next-token's (4.286) while its next-token loss (4.277) is below: the table
+    compares the next-token loss, names it, and the difference keeps its digits (-0.009, not -0.0)."""
+    _text_training_summary(tmp_path / "mutor", "mutor", 4.309, 4.277)
+    _text_training_summary(tmp_path / "next_token", "next_token", 4.286, 4.286)
+    assert main(["compare", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[:2] == ["| method | prompt_completion ntp_loss |", "|---|---|"]
+    assert _row(table, "mutor") == "| mutor | 4.277 |" and _row(table, "next_token") == "| next_token | 4.286 |"
+    assert "4.309" not in table                                             # the objective is never compared
+    assert "prompt_completion ntp_loss: held-out next-token loss" in table and "lower is better" in table
+    assert "- mutor minus next_token, prompt_completion ntp_loss: -0.0090 [no interval] (1 seed paired): " \
+        "exploratory (1 seed)" in table
+
+
+def test_mutor_train_table_leads_with_the_next_token_loss_and_names_the_objective(tmp_path):
+    runs = [json.loads(_text_training_summary(tmp_path / m, m, obj, ntp).read_text())
+            for m, obj, ntp in (("next_token", 4.286, 4.286), ("mutor", 4.309, 4.277))]
+    header = comparison_markdown(runs).splitlines()[2]
+    assert header.startswith("| method | steps | ntp_loss | loss (own objective) |"), header
+
+
+@pytest.mark.parametrize("final, expected", [
+    ({"eval_loss": 4.3}, "records neither its task's metric nor the next-token loss"),   # nothing comparable
+    ({"eval_loss": 4.3, "eval_ntp_loss": 4.2}, None),                                   # the next-token loss
+])
+def test_a_training_summary_without_a_comparable_quantity_is_refused(tmp_path, capsys, final, expected):
+    run = tmp_path / "mutor"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"method": "mutor", "seed": 0, "task": "prompt_completion",
+                                                  "finished": True, "primary_metric": None,
+                                                  "eval_history": [{"eval_step": 2, **final}]}))
+    status = main(["compare", str(tmp_path)])
+    out = capsys.readouterr()
+    if expected is None:
+        assert status == 0 and _row(out.out, "mutor") == "| mutor | 4.200 |"
+    else:
+        assert status == 2 and expected in out.err and str(run / "summary.json") in out.err
+        assert "mutor eval --task prompt_completion --checkpoints" in out.err and "own objective" in out.err
+
+
+def test_the_objective_asked_for_by_name_is_refused_with_the_reason(tmp_path, capsys):
+    _text_training_summary(tmp_path / "mutor", "mutor", 4.309, 4.277)
+    assert main(["compare", str(tmp_path), "--metrics", "loss"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics loss" in err and "own objective" in err and "ntp_loss" in err
+
+
+@pytest.mark.parametrize("per_seed, expected", [
+    ([-0.009], "-0.0090 [no interval]"),             # one seed of a loss: two significant digits of the difference
+    ([0.0123], "+0.012 [no interval]"),
+    ([0.0], "+0.0 [no interval]"),
+    ([25.0], "+25 [no interval]"),                    # a percentage, in points
+    ([0.1, 0.2, 0.3], "+0.20 [-0.05, +0.45]"),        # two significant digits of the half-width (0.248)
+    ([12.5, 25.0, 37.5], "+25 [-6, +56]"),            # percentages: half-width 31 points
+    ([0.004, 0.006, 0.005], "+0.0050 [+0.0025, +0.0075]"),
+    ([0.3, -0.28], "+0.01 [-3.67, +3.69]"),           # a small mean in a wide interval still reads as not 0
+])
+def test_differences_keep_the_digits_their_size_needs(per_seed, expected):
+    from mutor.eval.claims import paired
+    from mutor.eval.compare import format_difference
+
+    assert format_difference(paired(per_seed)) == expected
+
+
+def test_small_loss_differences_over_seeds_keep_their_digits(tmp_path):
+    """Three seeds whose next-token losses differ by 0.004 to 0.006: the mean difference and its interval are shown
+    with the interval's digits (half-width 0.0025), none of them 0.0."""
+    for seed, d in enumerate((0.004, 0.006, 0.005)):
+        _text_training_summary(tmp_path / f"s{seed}" / "mutor", "mutor", 4.4, 4.2 + d, seed)
+        _text_training_summary(tmp_path / f"s{seed}" / "next_token", "next_token", 4.2, 4.2, seed)
+    table = comparison_table(collect_summaries([str(tmp_path)]))
+    assert "- mutor minus next_token, prompt_completion ntp_loss: +0.0050 [+0.0025, +0.0075] (3 seeds paired): " \
+        "worse than next_token" in table                            # a loss: higher is worse
+
+
+def _selection(run: Path, method: str, split: str, selection_split: str, flag=None, value: float = 50.0) -> None:
+    """A `mutor eval --checkpoints` summary; ``flag`` its `selected_on_reported_rows` (None: a summary without
+    the field)."""
+    out = run / "eval" / "chat"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"task": "chat", "split": split, "model": str(run / "checkpoint-2"), "run_dir": str(run), "n": 4,
+               "metrics": {"exact_match": value}, "primary": "exact_match", "method": method, "seed": 0,
+               "max_new_tokens": 4, "selected_checkpoint": "checkpoint-2", "selection_split": selection_split}
+    if flag is not None:
+        summary["selected_on_reported_rows"] = flag
+    (out / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("split, selection_split, flag, marked", [
+    ("test", "validation", False, False),           # picked on validation, reported on test
+    ("validation", "validation", True, True),       # picked and reported on the same validation rows
+    ("test", "validation", True, True),             # --val-data and --data the same file
+    ("test", "test", None, True),                   # best test score (GSM8K), a summary without the field
+    ("test", "validation", None, False),
+])
+def test_a_checkpoint_picked_on_the_rows_it_reports_is_marked(tmp_path, split, selection_split, flag, marked):
+    _selection(tmp_path / "mutor", "mutor", split, selection_split, flag)
+    _selection(tmp_path / "next_token", "next_token", "test", "validation", False, 25.0)
+    table = comparison_table(collect_summaries([str(tmp_path)]))
+    assert _row(table, "mutor") == "| mutor | 50.000" + (" † |" if marked else " |")
+    assert _row(table, "next_token") == "| next_token | 25.000 |"
+    note = f"† checkpoint selected on the rows it is reported on, so optimistic by construction: mutor on chat " \
+           f"({split} rows)"
+    assert (note in table) == marked, table
+    diff = next(line for line in table.splitlines() if line.startswith("- mutor minus next_token"))
+    assert diff.startswith("- mutor minus next_token, chat exact_match: +25 [no interval]")   # percentages: points
+    assert diff.endswith("†") == marked
+
+
+def test_checkpoints_picked_on_the_runs_held_out_rows_are_named_validation(tmp_path, capsys):
+    """A chat run whose recipe names held-out rows (data.eval_path): `mutor eval --checkpoints` picks on them and,
+    with no other test rows, reports on them: the summary names them validation and says they are the rows it was
+    picked on, and `mutor compare` marks it. With --data, the pick is reported on those test rows, unmarked."""
+    from mutor.run.train import run_recipe
+
+    run = tmp_path / "chat"
+    run_recipe("tiny/chat", ["method=mutor", "training.max_steps=2", "training.save_steps=1", "data.limit=16",
+                             "training.per_device_train_batch_size=4", "training.report_to=[]",
+                             f"training.output_dir={run}"], quiet=True)
+    fast = ["--limit", "4", "--max-new-tokens", "4", "--batch-size", "4", "--quiet", "--device", "cpu"]
+    assert main(["eval", "--task", "chat", "--checkpoints", str(run), *fast]) == 0
+    sel = json.loads((run / "eval" / "chat" / "summary.json").read_text())
+    assert sel["split"] == "validation" and sel["selection_split"] == "validation"
+    assert sel["selected_on_reported_rows"] is True and "optimistic" in sel["selection"]
+    assert (run / "eval" / "chat" / sel["selected_checkpoint"] / "validation" / "generations.jsonl").is_file()
+    table = comparison_table(collect_summaries([str(run / "eval")]))
+    assert _row(table, "mutor").endswith(" † |") and "mutor on chat (validation rows)" in table
+
+    test_rows = Path(__file__).parents[1] / "src/mutor/configs/tiny/data/chat_tiny.jsonl"
+    out = tmp_path / "on-test"
+    assert main(["eval", "--task", "chat", "--checkpoints", str(run), "--data", str(test_rows),
+                 "--output-dir", str(out), *fast]) == 0
+    sel = json.loads((out / "summary.json").read_text())
+    assert sel["split"] == "test" and sel["selection_split"] == "validation"
+    assert sel["selected_on_reported_rows"] is False
+    assert "†" not in comparison_table(collect_summaries([str(out)]))
+    capsys.readouterr()

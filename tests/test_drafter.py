@@ -1,12 +1,15 @@
 """``model.generate(..., custom_generate=RegisterDrafter)``: transformers' own generate with the registers drafting.
 
-Lossless against plain ``generate`` (greedy, float32) on several families, a bidirectional-prefix run and sliding
-windows, with drafts right and wrong; logits processors, eos, stopping criteria, a streamer and
+Lossless against plain ``generate`` (greedy, float32) on several families and sliding windows, with drafts right
+and wrong; a bidirectional-prefix run decodes with the prompt attention its sidecar records, as ``mutor eval``
+does; a fixed K drafts wherever a draft can save a forward; logits processors, eos, stopping criteria, a streamer and
 ``return_dict_in_generate`` as ``generate`` honours them; speculative sampling with temperature and top-k
 follows the model's own distribution (chi-square); and what the drafter does not do is refused in one line.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from planted import plant
 from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from mutor import MuToRConfig, MuToRModel, RegisterDrafter
+from mutor import MuToRConfig, MuToRModel, RegisterDrafter, generate
 
 pytestmark = pytest.mark.usefixtures("model_head")      # planted registers (``planted.plant``)
 
@@ -65,17 +68,71 @@ def test_custom_generate_with_drafts_kept_and_rejected(family, window):
     assert stats.forwards < 20 and 0 < sum(stats.accepted.values()) < sum(stats.offered.values())
 
 
-def test_a_bidirectional_prefix_run_decodes_causally_as_generate_unless_asked():
+def _bidirectional_run(tmp_path):
+    """A bidirectional-prefix MuToR run as the user has it: saved, then loaded back as a vanilla model."""
+    model = MuToRModel(make_model("llama"), MuToRConfig(d_max=3, prefix_attention="bidirectional"))
+    torch.nn.init.normal_(model.register_embeddings.weight, std=1.0)
+    model.save_pretrained(tmp_path)
+    return AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+
+
+def test_a_bidirectional_prefix_run_drafts_with_the_prompt_attention_its_sidecar_records(tmp_path):
+    """``from_pretrained(run)`` decodes as ``mutor eval`` does (the prompt attending to itself both ways), where
+    plain ``generate`` attends causally and gives other tokens."""
     from mutor.eval.generation import greedy_generate
 
-    base, ids, model = _oracle(prefix_attention="bidirectional")
-    drafter = RegisterDrafter.from_pretrained(model, draft_registers=3)
-    assert torch.equal(_plain(base, ids, 15, eos_token_id=None, custom_generate=drafter),
-                       _plain(base, ids, 15, eos_token_id=None))
-    both = RegisterDrafter.from_pretrained(model, draft_registers=3, prefix_attention="bidirectional")
-    got = _plain(base, ids, 15, eos_token_id=None, custom_generate=both)
-    ref = greedy_generate(base, ids.tolist(), 15, pad_id=0, eos_id=None, prefix_attention="bidirectional")[0]
-    assert got[0, ids.shape[1]:].tolist() == ref
+    vanilla, ids = _bidirectional_run(tmp_path), _prompt(1)
+    drafter = RegisterDrafter.from_pretrained(tmp_path, draft_registers=3)
+    assert drafter.prefix_attention == "bidirectional"
+    got = _plain(vanilla, ids, 15, eos_token_id=None, custom_generate=drafter)[0, ids.shape[1]:].tolist()
+    ref = greedy_generate(vanilla, ids.tolist(), 15, pad_id=0, eos_id=None, prefix_attention="bidirectional")[0]
+    assert got == ref
+    assert got != _plain(vanilla, ids, 15, eos_token_id=None)[0, ids.shape[1]:].tolist()   # the trap it avoids
+    plainly = RegisterDrafter.from_pretrained(tmp_path, draft_registers=1)                # no drafts, same prompt
+    assert _plain(vanilla, ids, 15, eos_token_id=None, custom_generate=plainly)[0, ids.shape[1]:].tolist() == ref
+    assert plainly.last_stats.offered == {} and plainly.last_stats.forwards == 15
+    own = MuToRModel.from_pretrained(tmp_path)
+    assert RegisterDrafter.from_pretrained(own).prefix_attention == "bidirectional"
+    again, _ = generate(tmp_path, ids, 15, draft_registers=3, eos_token_id=[])     # mutor.generate: the same
+    assert again[0, ids.shape[1]:].tolist() == ref
+
+
+def test_an_explicit_prefix_attention_wins_and_warns_where_it_differs_from_the_runs(tmp_path):
+    vanilla, ids = _bidirectional_run(tmp_path), _prompt(1)
+    with pytest.warns(UserWarning, match="trained with prefix_attention='bidirectional'; decoding with "
+                                         "prefix_attention='causal'"):
+        causal = RegisterDrafter.from_pretrained(tmp_path, draft_registers=3, prefix_attention="causal")
+    assert causal.prefix_attention == "causal"
+    assert torch.equal(_plain(vanilla, ids, 15, eos_token_id=None, custom_generate=causal),
+                       _plain(vanilla, ids, 15, eos_token_id=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                   # the run's own value: no warning
+        RegisterDrafter.from_pretrained(tmp_path, prefix_attention="bidirectional")
+        RegisterDrafter.from_pretrained(MuToRModel(make_model("llama"), MuToRConfig()), prefix_attention="causal")
+
+
+def test_a_fixed_k_offers_a_draft_wherever_feeding_one_can_save_a_forward():
+    """K=2 with registers that are always right, on short answers: a greedy draft stops before its eos and at
+    max_new_tokens, so an answer of one token and its eos is offered none (its two forwards are plain decoding's
+    two), one of two tokens and its eos is offered one and takes two forwards for its three tokens."""
+    base, ids, model = _oracle(wrong=10 ** 6)
+    drafter = RegisterDrafter.from_pretrained(model, draft_registers=2)
+    plain = _plain(base, ids, 6, eos_token_id=None)[0, ids.shape[1]:].tolist()
+    assert len(set(plain[:3])) == 3                                   # each can be an eos without an earlier one
+
+    def run(eos, n):
+        out = _plain(base, ids, n, eos_token_id=eos, custom_generate=drafter)
+        assert torch.equal(out, _plain(base, ids, n, eos_token_id=eos))
+        return drafter.last_stats
+
+    one = run(plain[1], 20)                                           # one token, then its eos
+    assert (one.new_tokens, one.forwards, one.offered) == (2, 2, {})
+    two = run(plain[2], 20)                                           # two tokens, then the eos
+    assert (two.new_tokens, two.forwards, two.offered, two.accepted) == (3, 2, {2: 1}, {2: 1})
+    room = run(None, 2)                                               # max_new_tokens 2: room for no draft
+    assert (room.new_tokens, room.forwards, room.offered) == (2, 2, {})
+    longer = run(None, 6)                                             # 1 + 2 + 2 tokens, then the last alone
+    assert longer.forwards == 4 and longer.offered == {2: 2} == longer.accepted
 
 
 def test_from_a_checkpoint_directory_on_a_vanilla_model(tmp_path):

@@ -145,8 +145,8 @@ def test_a_conversation_the_chat_template_refuses_is_named_by_row():
     tok = byte_tokenizer()          # a template that, like some real ones, wants user and assistant to alternate
     tok.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
                          "{{ raise_exception('roles must alternate') }}{% endif %}{{ m['content'] }}{% endfor %}")
-    with pytest.raises(MutorUserError, match=r"data.path '.*chat_tiny.jsonl': row 0 .*roles must alternate"):
-        build_training_data("chat", {"path": str(CHAT)}, tok, 0)          # row 0 opens with a system turn
+    with pytest.raises(MutorUserError, match=r"data.path '.*chat_tiny.jsonl': row 1: .*roles must alternate"):
+        build_training_data("chat", {"path": str(CHAT)}, tok, 0)          # row 1 opens with a system turn
 
 
 def test_train_and_eval_chat_data(tmp_path):
@@ -157,7 +157,8 @@ def test_train_and_eval_chat_data(tmp_path):
     assert sel["task"] == "chat" and sel["primary"] == "exact_match" and sel["n"] == 4
     assert sel["data"] == str(DATA / "chat_tiny_eval.jsonl") and "note" not in sel     # the recipe's eval_path
     assert "optimistic" in sel["selection"]                    # picked and reported on the same held-out rows
-    rows = _jsonl(run / "eval" / "chat" / sel["selected_checkpoint"] / "test" / "generations.jsonl")
+    assert sel["split"] == "validation" and sel["selected_on_reported_rows"]
+    rows = _jsonl(run / "eval" / "chat" / sel["selected_checkpoint"] / "validation" / "generations.jsonl")
     conv = json.loads((DATA / "chat_tiny_eval.jsonl").read_text().splitlines()[0])["messages"]
     last = max(i for i, m in enumerate(conv) if m["role"] == "assistant")
     assert rows[0]["reference"] == conv[last]["content"]
@@ -193,8 +194,8 @@ def test_bad_data_is_one_line_naming_file_and_row_or_line(tmp_path, capsys):
     no_assistant = _chat_rows()
     no_assistant[2]["messages"] = [m for m in no_assistant[2]["messages"] if m["role"] != "assistant"]
     cases = {
-        "no_completion.jsonl": (no_completion, "prompt-completion", ["row 3", "'completion'"]),
-        "no_assistant.jsonl": (no_assistant, "chat", ["row 2", "no assistant turn"]),
+        "no_completion.jsonl": (no_completion, "prompt-completion", ["row 4", "'completion'"]),   # line 4
+        "no_assistant.jsonl": (no_assistant, "chat", ["row 3", "no assistant turn"]),
         "not_utf8.jsonl": ([_pc_rows(1)[0], b'{"prompt": "caf\xe9", "completion": "x"}'], "prompt-completion",
                            ["line 2 is not UTF-8", "0xe9"]),
         "truncated.jsonl": ([_pc_rows(1)[0], b'{"prompt": "a", "compl'], "prompt-completion",
@@ -219,13 +220,13 @@ def test_bad_eval_input_is_one_line(pc_run, tmp_path, capsys):
     out = tmp_path / "out"
     cases = [
         (["--data", "/nope.jsonl"], ["--data '/nope.jsonl' does not exist"]),
-        (["--data", no_completion], [f"--data '{no_completion}'", "row 1", "'completion'"]),
+        (["--data", no_completion], [f"--data '{no_completion}'", "row 2", "'completion'"]),
         (["--data", _write(tmp_path / "t.jsonl", [b'{"prompt": "a"']), "--limit", "1"], ["line 1 is not valid JSON"]),
         (["--scorer", "no_such_module:f"], ["--scorer 'no_such_module:f'", "cannot import no_such_module"]),
         (["--scorer", f"{tmp_path / 'metric.py'}:nope"], ["--scorer", "has no function 'nope'"]),
-        (["--scorer", f"{tmp_path / 'metric.py'}:raises"], ["--scorer", ":raises' failed on row 0",
+        (["--scorer", f"{tmp_path / 'metric.py'}:raises"], ["--scorer", ":raises' failed on row 1",
                                                            "ZeroDivisionError"]),
-        (["--scorer", f"{tmp_path / 'metric.py'}:words"], ["--scorer", ":words' failed on row 0", "'yes'"]),
+        (["--scorer", f"{tmp_path / 'metric.py'}:words"], ["--scorer", ":words' failed on row 1", "'yes'"]),
     ]
     (tmp_path / "metric.py").write_text("def raises(prediction, reference, row):\n    return 1 / 0\n\n"
                                         "def words(prediction, reference, row):\n    return 'yes'\n")
@@ -262,3 +263,39 @@ def test_a_bad_input_from_the_command_line_exits_2_with_one_line(pc_run, tmp_pat
                   cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == "mutor eval: --data '/nope.jsonl' does not exist", \
         proc.stderr
+
+
+def test_a_scorer_returning_nan_is_refused_by_scorer_and_row(pc_run, tmp_path, capsys):
+    """summary.json is strict JSON: a NaN (or infinite) metric is refused in one line, nothing written."""
+    (tmp_path / "nan_metric.py").write_text("def f(prediction, reference, row):\n"
+                                            "    return {'ok': 1.0, 'ratio': float('nan') if row['prompt'] == "
+                                            f"{_pc_rows(2)[1]['prompt']!r} else 1.0}}\n")
+    out = tmp_path / "out"
+    err = _one_line(capsys, ["eval", "--task", "prompt_completion", "--model", pc_run / "mutor", "--data", PC,
+                             "--scorer", f"{tmp_path / 'nan_metric.py'}:f", "--output-dir", out, *FAST_EVAL])
+    assert ":f' returned nan for 'ratio' on row 2 of" in err and str(PC) in err, err
+    assert not out.exists()
+
+
+def test_a_rerun_of_a_selection_replaces_its_outputs(pc_run, tmp_path):
+    """`--checkpoints` again with other rows: the directory then holds that run's outputs only, and files of the
+    user's own stay."""
+    out = tmp_path / "sel"
+    other = _write(tmp_path / "other.jsonl", _pc_rows(8)[4:])
+    common = ["eval", "--task", "prompt_completion", "--checkpoints", pc_run / "mutor", "--output-dir", out,
+              *FAST_EVAL]
+    _ok(_mutor(*common, "--val-data", PC, "--data", other, cwd=tmp_path))        # picked on validation rows
+    first = json.loads((out / "summary.json").read_text())
+    assert first["selection_split"] == "validation" and (out / "checkpoint-1" / "validation").is_dir()
+    (out / "notes.txt").write_text("mine")
+    (out / "checkpoint-1" / "mine.txt").write_text("mine")
+    (out / "checkpoint-1" / "validation" / "plot.png").write_bytes(b"mine")
+    _ok(_mutor(*common, "--data", other, cwd=tmp_path))                          # picked and reported on `other`
+    sel = json.loads((out / "summary.json").read_text())
+    written = {p.parent.relative_to(out).as_posix() for p in out.rglob("summary.json")} - {"."}
+    assert written == {f"{c['checkpoint']}/{sel['selection_split']}" for c in sel["per_checkpoint"]}, written
+    assert all(json.loads((out / d / "summary.json").read_text())["data"] == str(other) for d in written)
+    assert not (out / "checkpoint-2" / "validation").exists()                   # the earlier split's, removed
+    assert (out / "notes.txt").read_text() == (out / "checkpoint-1" / "mine.txt").read_text() == "mine"
+    assert (out / "checkpoint-1" / "validation" / "plot.png").read_bytes() == b"mine"
+    assert not (out / "checkpoint-1" / "validation" / "summary.json").exists()

@@ -1,4 +1,5 @@
-"""The README's code runs as written: the Quickstart block, the own-data recipe, and the recipe it points to.
+"""The README's code runs as written: the Quickstart block, the own-data recipe, the recipe it points to, and the
+drafting block on the run that recipe writes.
 
 The blocks are read from README.md itself, so a change to the README that breaks them fails here.
 """
@@ -56,3 +57,20 @@ def test_the_shipped_prompt_completion_recipe_trains(tmp_path):
     results = run_recipe("tiny/prompt-completion", ["method=mutor", "training.max_steps=2", "training.save_steps=2",
                                                     f"training.output_dir={tmp_path / 'run'}"], quiet=True)
     assert (tmp_path / "run" / "summary.json").is_file(), results
+
+
+def test_the_drafting_block_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The drafting block, on the run it names: the MuToR run of ``mutor train tiny/prompt-completion``, trained
+    here for 2 steps (the recipe's own 20 steps and its next-token run change nothing the block does)."""
+    monkeypatch.chdir(tmp_path)
+    run = Path("runs/tiny-prompt-completion/mutor")
+    run_recipe("tiny/prompt-completion", ["method=mutor", "training.max_steps=2", "training.save_steps=2",
+                                          f"training.output_dir={run}"], quiet=True)
+    block = _block("Registers as drafters", "python")
+    assert f'run = "{run}"' in block
+    capsys.readouterr()
+    scope: dict = {}
+    exec(compile(block, "README.md:Registers as drafters", "exec"), scope)
+    stats = scope["drafter"].last_stats
+    assert stats is not None and stats.new_tokens == scope["out"].shape[1] - scope["inputs"].input_ids.shape[1]
+    assert capsys.readouterr().out.count("\n") >= 2                    # the answer and the counts were printed

@@ -58,7 +58,8 @@ def _clean(messages: list) -> list[dict]:
 
 
 def check_conversations(rows, field: str, path: Optional[str], what: str) -> None:
-    """Refuse rows that are not conversations with an assistant turn, naming the file and the row.
+    """Refuse rows that are not conversations with an assistant turn and text in every turn, naming the file and
+    the row.
 
     Args:
         rows: A ``datasets.Dataset``.
@@ -67,8 +68,9 @@ def check_conversations(rows, field: str, path: Optional[str], what: str) -> Non
         what: How the user named ``path`` (``data.path``, ``--data``).
 
     Raises:
-        MutorUserError: No such column, a row that is not a list of ``{role, content}`` turns, or a row without
-            an assistant turn.
+        MutorUserError: No such column, a row that is not a list of ``{role, content}`` turns, a row without
+            an assistant turn, or a turn other than a system turn whose content is empty or only whitespace; rows
+            are counted from 1 (:func:`~mutor.data.text.row_name`).
     """
     where = f"{what} {path!r}" if path else "the Hub dataset"
     if field not in rows.column_names:
@@ -76,16 +78,24 @@ def check_conversations(rows, field: str, path: Optional[str], what: str) -> Non
                 "; name the column with data.messages_field")
         raise MutorUserError(f"{where}: its rows have no {field!r} column (a list of {{role, content}} turns); they "
                              f"have {rows.column_names}{hint}")
+    from .text import is_empty_text, row_name
+
     for i, messages in enumerate(rows[field]):
         if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                      and isinstance(m.get("content"), str) for m in messages):
-            raise MutorUserError(f"{where}: row {i} (0-based, in file order): {field!r} must be a list of "
+            raise MutorUserError(f"{where}: {row_name(i, path)}: {field!r} must be a list of "
                                  f"{{\"role\": ..., \"content\": ...}} turns with text content (got {messages!r:.120})")
         if not any(m["role"] == "assistant" for m in messages):
             roles = [m["role"] for m in messages]
-            raise MutorUserError(f"{where}: row {i} (0-based, in file order) has no assistant turn in {field!r} "
+            raise MutorUserError(f"{where}: {row_name(i, path)} has no assistant turn in {field!r} "
                                  f"(roles {roles}); the loss is on assistant turns and mutor eval scores the last one: "
                                  "add one or remove the row")
+        empty = [t for t, m in enumerate(messages) if m["role"] != "system" and is_empty_text(m["content"])]
+        if empty:
+            t = empty[0]
+            state = "empty content" if messages[t]["content"] == "" else "only whitespace as content"
+            raise MutorUserError(f"{where}: {row_name(i, path)}: turn {t + 1} of {field!r} ({messages[t]['role']}) "
+                                 f"has {state}; fill it in or remove the turn (only a system turn may be empty)")
 
 
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -115,8 +125,8 @@ def encode_conversation(tokenizer, messages: list) -> dict:
         before = _render(tokenizer, messages[:i], True)
         upto = _render(tokenizer, messages[:i + 1], False)
         if not (full.startswith(upto) and upto.startswith(before) and len(before) >= end):
-            raise ValueError(f"the chat template does not render the conversation up to turn {i} as a prefix of the "
-                             "whole, so its assistant turns cannot be told apart")
+            raise ValueError(f"the chat template does not render the conversation up to turn {i + 1} as a prefix of "
+                             "the whole, so its assistant turns cannot be told apart")
         spans.append((len(before), len(upto)))
         end = len(upto)
     ids: list[int] = []
@@ -152,13 +162,15 @@ def _encoded(rows, tokenizer, field: str, path: Optional[str], what: str, max_le
     """Tokenize, drop conversations longer than ``max_length``; return (dataset, n_before, n_dropped)."""
     if limit is not None:
         rows = rows.select(range(min(int(limit), len(rows))))
+    from .text import row_name
+
     where = f"{what} {path!r}" if path else "the Hub dataset"
 
     def encode(ex, i):
         try:
             return encode_conversation(tokenizer, ex[field])
         except Exception as err:          # the template's own refusal (roles must alternate, ...) or no prefixes
-            raise MutorUserError(f"{where}: row {i} (0-based, in file order): {type(err).__name__}: "
+            raise MutorUserError(f"{where}: {row_name(i, path)}: {type(err).__name__}: "
                                  f"{str(err).splitlines()[0] if str(err) else ''}") from None
 
     enc = rows.map(encode, with_indices=True, remove_columns=rows.column_names, num_proc=num_proc,

@@ -33,7 +33,7 @@ from random import Random
 from typing import Any, Optional
 
 from ..utils.errors import MutorUserError
-from .registry import TrainingData, register_task
+from .registry import TrainingData, check_options, register_task
 from .templates import TextTemplate
 
 __all__ = ["GSM_SYMBOLIC", "SPLITS", "EVAL_SPLITS", "template_ids", "make_split", "gsm_symbolic_examples"]
@@ -156,10 +156,7 @@ def build_gsm_symbolic(options: dict, tokenizer: Any, seed: int) -> TrainingData
     ``max_length`` (512 tokens; longer training examples are dropped), ``num_proc``."""
     from .text import encode_pairs, need_tokenizer, pad_id_of
 
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise MutorUserError(f"data options {unknown} are not understood by task 'gsm_symbolic'; it takes "
-                             f"{sorted(_OPTIONS)}")
+    check_options(options, _OPTIONS, "gsm_symbolic")
     need_tokenizer(tokenizer, "gsm_symbolic")
     o = {**DEFAULTS, **options}
     for k in ("num_train", "num_validation", "num_test", "data_seed", "heldout_every", "max_length"):

@@ -22,7 +22,7 @@ import importlib.util
 from typing import Any, Optional
 
 from ..utils.errors import MutorUserError
-from .registry import TrainingData, register_task
+from .registry import TrainingData, check_options, register_task
 from .templates import TextTemplate
 
 __all__ = ["REASONING_GYM", "make_splits", "reasoning_gym_examples", "score"]
@@ -44,10 +44,7 @@ _SPLIT_SEED = {"test": 1_000_000, "validation": 2_000_000, "train": 3_000_000}
 
 
 def _check(options: dict) -> dict:
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise MutorUserError(f"data options {unknown} are not understood by task 'reasoning_gym'; it takes "
-                             f"{sorted(_OPTIONS)}")
+    check_options(options, _OPTIONS, "reasoning_gym")
     o = {**DEFAULTS, **options}
     if importlib.util.find_spec("reasoning_gym") is None:
         raise MutorUserError('task reasoning_gym needs reasoning-gym: pip install -e ".[reasoning-gym]" in the mutor '

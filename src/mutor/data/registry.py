@@ -2,8 +2,8 @@
 
 A task is a builder, a function ``build(options: dict, tokenizer, seed: int) -> TrainingData``,
 registered under a name with :func:`register_task`. ``options`` is the recipe's ``data``
-block minus ``task``; a builder must reject options it does not know (``ValueError`` naming
-them). Text tasks use the tokenizer; synthetic tasks (star graphs, image codes) ignore it
+block minus its run keys (:data:`RUN_KEYS`); a builder must reject options it does not know
+(:func:`check_options`). Text tasks use the tokenizer; synthetic tasks (star graphs, image codes) ignore it
 and say how big the vocabulary is, and the recipe builds a model of that size from config.
 
 Builders are registered lazily: :func:`build_training_data` imports the module that defines a name
@@ -16,7 +16,11 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["TrainingData", "register_task", "build_training_data", "registered_tasks"]
+__all__ = ["TrainingData", "RUN_KEYS", "register_task", "build_training_data", "registered_tasks", "check_options"]
+
+# the data block's keys the run itself reads, for every task (the fields of mutor.run.arguments.DataArguments);
+# a builder never sees them, but an unknown key's message lists them with the task's own
+RUN_KEYS = ("task", "packing", "truncate_to_model")
 
 
 @dataclass
@@ -74,6 +78,28 @@ def register_task(name: str) -> Callable[[Callable[..., TrainingData]], Callable
         return fn
 
     return deco
+
+
+def check_options(options: dict, allowed, task: str) -> None:
+    """Refuse data options task ``task`` does not take, in one line: the closest known key of each, and every key
+    the data block takes (the task's own and :data:`RUN_KEYS`).
+
+    Args:
+        options: The data block without its run keys.
+        allowed: The task's own options.
+        task: The task's name.
+
+    Raises:
+        MutorUserError: Naming the unknown keys; the list of known keys is the message's last ``[...]``.
+    """
+    from ..utils.errors import MutorUserError, did_you_mean
+
+    unknown = sorted((k for k in options if k not in allowed), key=str)
+    if unknown:
+        known = sorted(set(allowed) | set(RUN_KEYS))
+        hint = did_you_mean(unknown, known)
+        raise MutorUserError(f"recipe data: unknown key(s) {unknown} for task {task!r} ({hint + '; ' if hint else ''}"
+                             f"known: {known})")
 
 
 def registered_tasks() -> list[str]:

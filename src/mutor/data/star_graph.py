@@ -27,7 +27,7 @@ import torch
 
 from ..core.layout import IGNORE_INDEX
 from .collator import PaddingCollator, left_pad
-from .registry import TrainingData, register_task
+from .registry import TrainingData, check_options, register_task
 from .star_graph_problems import (
     ANSWER_SEP,
     EDGE_SEP,
@@ -133,9 +133,7 @@ def build_star_graph(options: dict, tokenizer, seed: int) -> TrainingData:
     graphs), ``num_test`` (held-out graphs), ``eval_batch_size``, ``data_seed`` (default: the run's seed),
     ``render``: ``ids`` (each node one new token, a vocabulary of its own; the default) or ``text`` (the line
     format as text for a pretrained model's tokenizer: :mod:`mutor.data.star_graph_text`)."""
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise ValueError(f"star_graph: unknown option(s) {unknown}; known: {sorted(_OPTIONS)}")
+    check_options(options, _OPTIONS, "star_graph")
     shape = StarGraphShape.from_options(options)
     num_train, num_test = int(options.get("num_train", 20_000)), int(options.get("num_test", 500))
     if num_train < 1 or num_test < 1:

@@ -31,9 +31,9 @@ _COMMON = {"path", "split", "limit", "max_length", "eval_path", "eval_split", "e
 
 
 def _check_options(options: dict, allowed: set, task: str) -> None:
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ValueError(f"data options {unknown} are not understood by task {task!r}; it takes {sorted(allowed)}")
+    from .registry import check_options
+
+    check_options(options, allowed, task)
 
 
 def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_config: Optional[str] = None,
@@ -349,7 +349,8 @@ def check_template_columns(template: TextTemplate, rows, path: Optional[str], wh
 
 
 def check_rows(template: TextTemplate, rows, path: Optional[str], what: str) -> None:
-    """Refuse rows a template cannot render: a field no row has, or a row without a field the templates use.
+    """Refuse rows a template cannot render: a field no row has, or a row whose field the templates use is
+    missing, empty or only whitespace.
 
     Args:
         template: The prompt/completion templates.
@@ -358,15 +359,49 @@ def check_rows(template: TextTemplate, rows, path: Optional[str], what: str) -> 
         what: How the user named ``path`` (``data.path``, ``--data``): the error says it.
 
     Raises:
-        MutorUserError: Naming the file (or Hub dataset), and the row and the field.
+        MutorUserError: Naming the file (or Hub dataset), and the row (:func:`row_name`) and the field: a field no
+            row has, or one that is missing, empty or only whitespace in some row.
     """
     check_template_columns(template, rows, path, what)
     _check_no_empty_fields(template, rows, path, "rows", label=what)
 
 
+def row_name(index: int, path: Optional[str] = None) -> str:
+    """How an error names the row at 0-based ``index`` of the rows read from ``path``: ``"row 4"``, counted from 1
+    in file order, which is the line number in a JSON Lines file; where blank lines make the two differ, the line
+    too (``"row 4 (line 6)"``).
+
+    Args:
+        index: The row's 0-based position among the rows read.
+        path: The local file the rows came from (``None``: a Hub dataset, or rows from elsewhere).
+
+    Returns:
+        The row's name, for a message.
+    """
+    name = f"row {index + 1}"
+    if path is None or not os.path.isfile(os.fspath(path)) or not os.fspath(path).lower().endswith(".jsonl"):
+        return name
+    try:
+        with open(os.fspath(path), encoding="utf-8") as fh:
+            seen = 0
+            for n, line in enumerate(fh, 1):
+                seen += bool(line.strip())
+                if seen == index + 1:
+                    return name if n == index + 1 else f"{name} (line {n})"
+    except (OSError, UnicodeDecodeError):
+        pass
+    return name
+
+
+def is_empty_text(value) -> bool:
+    """Whether a field's value renders as no text: missing (``None``), empty, or only whitespace."""
+    return value is None or not str(value).strip()
+
+
 def _check_no_empty_fields(template: TextTemplate, rows, path, what: str, label: Optional[str] = None) -> None:
-    """A row whose template field is missing (``None`` once ``datasets`` merges the rows' keys) would be trained
-    as the text "None": refuse it, naming the file, the row and the field."""
+    """A row whose template field is missing (``None`` once ``datasets`` merges the rows' keys), empty or only
+    whitespace would be trained on the text "None" or on nothing (a completion of eos alone): refuse it, naming
+    the file, the row and the field."""
     import string
 
     from ..utils.errors import MutorUserError
@@ -374,14 +409,18 @@ def _check_no_empty_fields(template: TextTemplate, rows, path, what: str, label:
     formats = (template.prompt, template.completion)
     fields = {f for fmt in formats for _, f, _, _ in string.Formatter().parse(fmt) if f}
     wanted = sorted(fields & set(rows.column_names))
+    bad = []                                              # (row, field, value) of each empty field
     for field in wanted:
-        empty = [i for i, v in enumerate(rows[field]) if v is None]
-        if empty:
-            where = f"{label or 'data.' + ('eval_path' if what == 'evaluation' else 'path')} {path!r}" if path \
-                else f"the {what} data"
-            raise MutorUserError(f"{where}: row {empty[0]} (0-based, in file order) has no {field!r}, which task "
-                                 f"{template.name!r} uses" + (f" ({len(empty)} rows in all)" if len(empty) > 1 else
-                                                              "") + "; fill it in or remove the row")
+        bad += [(i, field, v) for i, v in enumerate(rows[field]) if is_empty_text(v)]
+    if bad:
+        i, field, value = min(bad, key=lambda b: b[0])
+        where = f"{label or 'data.' + ('eval_path' if what == 'evaluation' else 'path')} {path!r}" if path \
+            else f"the {what} data"
+        state = "has no" if value is None else "has an empty" if value == "" else "has only whitespace in"
+        rows_in_all = len({b[0] for b in bad})
+        raise MutorUserError(f"{where}: {row_name(i, path)} {state} {field!r}, which task {template.name!r} uses"
+                             + (f" ({rows_in_all} rows in all)" if rows_in_all > 1 else "")
+                             + "; fill it in or remove the row")
 
 
 def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: int) -> TrainingData:

@@ -12,7 +12,13 @@ one place that reads a training summary's final held-out evaluation), and render
   the paper-style table, method x task. Runs that differ only in seed are averaged: each cell is
   ``mean ± std`` of the task's primary metric over seeds (sample standard deviation, n-1; the
   paper reports three seeds), with the number of seeds when it is not 3. Below it, each method
-  against ``next_token`` paired by seed (:func:`paired_differences`).
+  against ``next_token`` paired by seed (:func:`paired_differences`), its numbers with the digits
+  their size needs (:func:`format_difference`).
+
+Like is compared with like: a training summary is compared on its task's metric, else on the
+held-out next-token loss (:func:`comparable_metric`), never on ``loss``, each method's own
+objective (:data:`OWN_OBJECTIVE`); a value whose checkpoint was selected on the rows it is
+reported on is marked :data:`OPTIMISTIC_MARK` (:func:`selected_on_reported_rows`).
 
 Every comparison stated is read by the one claim rule, :mod:`mutor.eval.claims`.
 
@@ -36,9 +42,10 @@ from ..data.text import resolve_data_path
 from ..utils.errors import MutorUserError
 from ..utils.io import atomic_write, write_json_atomic, write_text_atomic
 
-__all__ = ["collect_summaries", "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure",
-           "eval_command", "final_eval", "one_per_run", "paired_differences", "print_comparison", "run_of", "verdict",
-           "write_comparison"]
+__all__ = ["NEXT_TOKEN_LOSS", "OPTIMISTIC_MARK", "OWN_OBJECTIVE", "collect_summaries", "comparable_metric",
+           "comparison_markdown", "comparison_plot", "comparison_table", "curves_figure", "eval_command", "final_eval",
+           "format_difference", "higher_is_better", "one_per_run", "paired_differences", "print_comparison", "run_of",
+           "selected_on_reported_rows", "verdict", "write_comparison"]
 
 
 # ------------------------------------------------------------------ reading
@@ -48,18 +55,45 @@ def final_eval(run: dict) -> dict:
     return {k[5:]: v for k, v in hist[-1].items() if k.startswith("eval_") and k != "eval_step"} if hist else {}
 
 
+OWN_OBJECTIVE = "loss"
+"""A training summary's ``eval_loss``: each method's own objective (``(1-a)·L_ntp + a·L_reg`` for MuToR, ``L_ntp``
+for next-token), a different quantity for each method, so ``mutor compare`` never compares it."""
+
+NEXT_TOKEN_LOSS = "ntp_loss"
+"""The held-out next-token loss (``eval_ntp_loss``): measured the same way for every method, so it is what
+training summaries are compared on when their task has no metric of its own."""
+
+
 def _primary(runs: list[dict]) -> Optional[str]:
     return next((r.get("primary_metric") for r in runs if r.get("primary_metric")), None)
 
 
+def comparable_metric(primary: Optional[str], metrics: dict) -> Optional[str]:
+    """The metric a training summary's final held-out evaluation is compared on.
+
+    Args:
+        primary: The task's own metric (the summary's ``primary_metric``), or None.
+        metrics: The final evaluation's values, without the ``eval_`` prefix.
+
+    Returns:
+        ``primary`` when the evaluation has it, else :data:`NEXT_TOKEN_LOSS` when it has that, else None (nothing
+        that every method measures the same way; never :data:`OWN_OBJECTIVE`).
+    """
+    if primary and primary in metrics:
+        return primary
+    return NEXT_TOKEN_LOSS if NEXT_TOKEN_LOSS in metrics else None
+
+
 def _from_training(data: dict) -> Optional[dict]:
-    """A training run's ``summary.json`` as an evaluation summary: its final held-out evaluation."""
+    """A training run's ``summary.json`` as an evaluation summary: its final held-out evaluation, on the number of
+    examples it records, compared on :func:`comparable_metric`, without the method's own objective."""
     if not data.get("eval_history") or "method" not in data:
         return None
     metrics = final_eval(data)
-    metrics.pop("num_eval", None)
-    return {"task": data.get("task", "?"), "split": "held-out", "model": data.get("recipe", "?"), "n": None,
-            "metrics": metrics, "primary": data.get("primary_metric") or next(iter(metrics)),
+    n = metrics.pop("num_eval", None)
+    metrics.pop(OWN_OBJECTIVE, None)
+    return {"task": data.get("task", "?"), "split": "held-out", "model": data.get("recipe", "?"), "n": n,
+            "metrics": metrics, "primary": comparable_metric(data.get("primary_metric"), metrics),
             "method": data["method"], "seed": data.get("seed"), "_training": True}
 
 
@@ -164,16 +198,22 @@ def collect_summaries(paths: list[str]) -> list[dict]:
     return kept
 
 
-def _training_only(files: list[Path]) -> str:
-    """Why training summaries alone cannot be compared, and the command that scores their runs."""
+def _score_command(summary_file: Path, run_dir) -> tuple[str, str]:
+    """The task of the run whose training summary is ``summary_file``, and the ``mutor eval`` command that scores
+    it (:func:`eval_command`, with its recipe's data), showing ``run_dir``."""
     from ..utils.io import yaml_load
 
-    summary = json.loads(files[0].read_text())
-    recipe_file = files[0].parent / "recipe.yaml"
+    summary = json.loads(summary_file.read_text())
+    recipe_file = summary_file.parent / "recipe.yaml"
     recipe = (yaml_load(recipe_file.read_text(), str(recipe_file)) if recipe_file.is_file() else None) or {}
     task = summary.get("task") or (recipe.get("data") or {}).get("task") or "TASK"
+    return task, eval_command(task, recipe.get("data"), recipe.get("source_dir"), run_dir)
+
+
+def _training_only(files: list[Path]) -> str:
+    """Why training summaries alone cannot be compared, and the command that scores their runs."""
     one = len(files) == 1
-    cmd = eval_command(task, recipe.get("data"), recipe.get("source_dir"), files[0].parent if one else "RUN_DIR")
+    task, cmd = _score_command(files[0], files[0].parent if one else "RUN_DIR")
     what = f"{files[0]} is a training summary" if one else \
         f"{files[0]} and {len(files) - 1} more are training summaries"
     run = "the run" if one else "each run"
@@ -261,10 +301,12 @@ def comparison_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
             if k not in metrics and k != "num_eval":
                 metrics.append(k)
     primary = _primary(runs)
-    if primary in metrics:
-        metrics.remove(primary)
-        metrics.insert(0, primary)
-    header = (["method", "steps"] + metrics + (["best " + primary] if primary else [])
+    lead = primary if primary in metrics else NEXT_TOKEN_LOSS if NEXT_TOKEN_LOSS in metrics else None
+    if lead is not None:                  # the task's metric first, else the loss every method measures alike
+        metrics.remove(lead)
+        metrics.insert(0, lead)
+    named = [f"{m} (own objective)" if m == OWN_OBJECTIVE else m for m in metrics]
+    header = (["method", "steps"] + named + (["best " + primary] if primary else [])
               + ["train loss (own objective)", "wall s"])
     rows = []
     for run in runs:
@@ -315,18 +357,62 @@ def print_comparison(runs: list[dict], recipe=None) -> None:
 
 
 def _check_metrics(summaries: list[dict], metrics: Optional[list[str]]) -> None:
+    """Refuse ``--metrics`` that no summary has, naming them (and why a training summary's ``loss`` is not
+    there)."""
     if not metrics:
         return
     available = sorted({k for s in summaries for k in s["metrics"]})
     missing = [m for m in metrics if m not in available]
+    if OWN_OBJECTIVE in missing and any(s.get("_training") for s in summaries):
+        raise MutorUserError(f"--metrics {OWN_OBJECTIVE}: a training summary's eval_loss is each method's own "
+                             "objective ((1-a)·L_ntp + a·L_reg for MuToR, L_ntp for next-token), a different "
+                             f"quantity for each method, so it is not compared; {NEXT_TOKEN_LOSS}, the held-out "
+                             f"next-token loss, is the same quantity for every method; available: {available}")
     if missing:
         raise MutorUserError(f"--metrics {missing}: in no summary; available: {available}")
 
 
+def _check_comparable(summaries: list[dict]) -> None:
+    """Refuse a training summary whose final held-out evaluation has nothing that every method measures the same
+    way (no task metric, no next-token loss), with the command that scores its run."""
+    for s in summaries:
+        if s.get("_training") and s["primary"] is None:
+            f = Path(s["_dir"]) / "summary.json"
+            _, cmd = _score_command(f, Path(s["_dir"]))
+            raise MutorUserError(f"{f}: its final held-out evaluation records neither its task's metric nor the "
+                                 f"next-token loss (eval_{NEXT_TOKEN_LOSS}), and its eval_loss is the method's own "
+                                 f"objective, a different quantity for each method, so it is not compared: score "
+                                 f"the run with `{cmd}`, then compare what it writes")
+
+
+def selected_on_reported_rows(summary: dict) -> bool:
+    """Whether a summary reports a checkpoint on the same rows it was selected on (optimistic by construction).
+
+    ``mutor eval --checkpoints`` records it as ``selected_on_reported_rows``; in a selection summary without that
+    field, it is read from a selection split equal to the reported split.
+    """
+    if "selected_on_reported_rows" in summary:
+        return bool(summary["selected_on_reported_rows"])
+    return "selected_checkpoint" in summary and summary.get("selection_split") == summary.get("split")
+
+
+def _optimistic(summaries: list[dict]) -> dict:
+    """(method, task) -> the splits of its runs (summaries that count) whose checkpoint was selected on the rows it
+    is reported on."""
+    found: dict = defaultdict(list)
+    for s in summaries:
+        if selected_on_reported_rows(s) and s.get("split") not in found[(_method(s), s["task"])]:
+            found[(_method(s), s["task"])].append(s.get("split"))
+    return {k: v for k, v in found.items() if v}
+
+
 def _cells(summaries: list[dict], metrics: Optional[list[str]]):
-    """``mutor compare``'s values: (method, task, metric) -> one value per distinct run, in order found."""
+    """``mutor compare``'s values: (method, task, metric) -> one value per distinct run, in order found; the
+    methods, the (task, metric) columns, the duplicates left out, and :func:`_optimistic` of the runs."""
     _check_metrics(summaries, metrics)
     summaries, notes = one_per_run(summaries)
+    if not metrics:
+        _check_comparable(summaries)
     cells: dict = defaultdict(list)
     methods: list[str] = []
     columns: list[tuple[str, str]] = []
@@ -339,7 +425,7 @@ def _cells(summaries: list[dict], metrics: Optional[list[str]]):
                 if (s["task"], m) not in columns:
                     columns.append((s["task"], m))
                 cells[(method, s["task"], m)].append(s["metrics"][m])
-    return cells, methods, columns, notes
+    return cells, methods, columns, notes, _optimistic(summaries)
 
 
 def _over_seeds(vals: list[float]) -> str:
@@ -351,18 +437,82 @@ def _over_seeds(vals: list[float]) -> str:
     return txt if len(vals) == 3 else f"{txt} (n={len(vals)})"
 
 
+OPTIMISTIC_MARK = "†"
+"""Marks a value whose checkpoint was selected on the rows it is reported on."""
+
+
+def _cell(vals: list[float], optimistic: bool) -> str:
+    """One cell of ``mutor compare``'s table: :func:`_over_seeds`, marked when its runs' checkpoints were selected
+    on the rows they are reported on."""
+    return _over_seeds(vals) + (f" {OPTIMISTIC_MARK}" if vals and optimistic else "")
+
+
+def _optimistic_note(optimistic: dict) -> str:
+    """The footnote of :data:`OPTIMISTIC_MARK`: what it means, and which method, task and split it marks."""
+    which = "; ".join(f"{method} on {task} ({', '.join(map(str, splits))} rows)"
+                      for (method, task), splits in optimistic.items())
+    return (f"{OPTIMISTIC_MARK} checkpoint selected on the rows it is reported on, so optimistic by construction: "
+            f"{which}")
+
+
+def _captions(columns: list[tuple[str, str]]) -> list[str]:
+    """What a column holds where its name alone does not say it: the held-out next-token loss."""
+    return [f"{task} {metric}: held-out next-token loss (per supervised token), the same quantity for every "
+            f"method, not a method's own training objective; lower is better"
+            for task, metric in columns if metric == NEXT_TOKEN_LOSS]
+
+
+def _in_percent(summary: dict) -> bool:
+    """Whether a summary scores in percent: a text task's generations (``mutor eval --model`` or
+    ``--checkpoints``, which record ``max_new_tokens``), 0 to 100 per example; synthetic tasks' evaluators and
+    training's final evaluation give rates, 0 to 1."""
+    return "max_new_tokens" in summary
+
+
 def _seed_values(summaries: list[dict], metrics: Optional[list[str]]):
     """(method, task, metric) -> {seed: (value, examples)} over the summaries that count, for the seeds with
-    exactly one run of that method (a seed run twice is not paired)."""
+    exactly one run of that method (a seed run twice is not paired); ``examples`` is the number of examples a rate
+    in [0, 1] was measured on, None where unknown or the metric is not such a rate (a percentage)."""
     summaries, _ = one_per_run(summaries)
     found: dict = defaultdict(lambda: defaultdict(list))
     for s in summaries:
         if s.get("seed") is None:
             continue
+        n = None if _in_percent(s) else s.get("n")
         for m in (metrics or [s["primary"]]):
             if m in s["metrics"]:
-                found[(_method(s), s["task"], m)][s["seed"]].append((s["metrics"][m], s.get("n")))
+                found[(_method(s), s["task"], m)][s["seed"]].append((s["metrics"][m], n))
     return {k: {sd: v[0] for sd, v in by.items() if len(v) == 1} for k, by in found.items()}
+
+
+def higher_is_better(metric: str) -> Optional[bool]:
+    """Which way a metric improves, where its name says so: a loss, bits per token and the Fréchet distance
+    (``fd``) are better lower (False); otherwise None (a reading then says higher or lower)."""
+    return False if metric.endswith("loss") or metric in ("bits_per_token", "fd") else None
+
+
+def format_difference(iv) -> str:
+    """A difference with its 95 % interval, with the digits its size needs.
+
+    The interval's own digits (two significant digits of its half-width,
+    :func:`~mutor.eval.claims.format_interval`); without an interval, two significant digits of the difference
+    itself. Either way a difference that is not 0 never reads as 0 (``-0.009``, not ``-0.0``), and a bound that
+    is not 0 keeps its sign.
+
+    Args:
+        iv: The difference and its interval (:class:`~mutor.eval.claims.Interval`).
+
+    Returns:
+        E.g. ``+0.20 [-0.05, +0.45]``, or ``-0.0090 [no interval]``.
+    """
+    import math
+
+    from .claims import decimals, format_interval
+
+    d = decimals(iv.half) if not math.isnan(iv.half) else decimals(abs(iv.mean))
+    while d < 6 and iv.mean != 0 and round(iv.mean, d) == 0:
+        d += 1
+    return format_interval(iv, digits=d)
 
 
 def paired_differences(summaries: list[dict], metrics: Optional[list[str]] = None) -> list[str]:
@@ -370,18 +520,22 @@ def paired_differences(summaries: list[dict], metrics: Optional[list[str]] = Non
     (:mod:`mutor.eval.claims`): the mean of the per-seed differences with its 95 % t-interval over the seeds
     paired; one seed of two rates measured on a known number of examples gets their interval on the examples
     (:func:`~mutor.eval.claims.unpaired_rates`). The summaries hold no per-example outcomes, so the per-example
-    floor of the rule is not applied here.
+    floor of the rule is not applied here. Numbers are written by :func:`format_difference`; a loss is read as
+    better lower (:func:`higher_is_better`); a comparison with a value selected on the rows it reports ends with
+    :data:`OPTIMISTIC_MARK`.
 
     Args:
         summaries: Evaluation or training summaries (:func:`collect_summaries`).
-        metrics: The metrics compared (default: each task's primary metric).
+        metrics: The metrics compared (default: each task's primary metric, :func:`comparable_metric` for a
+            training summary).
 
     Returns:
         One line per method, task and metric with at least one seed paired; empty without ``next_token`` runs.
     """
-    from .claims import format_interval, paired, reading, unpaired_rates
+    from .claims import paired, reading, unpaired_rates
 
     values = _seed_values(summaries, metrics)
+    optimistic = _optimistic(one_per_run(summaries)[0])
     lines = []
     for (method, task, metric), by_seed in values.items():
         ref = values.get(("next_token", task, metric))
@@ -397,18 +551,31 @@ def paired_differences(summaries: list[dict], metrics: Optional[list[str]] = Non
             iv = unpaired_rates(a, b, int(n))
         where = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} paired" + \
                 (f", {int(n)} examples" if len(seeds) == 1 and iv.source == "examples" else "")
-        lines.append(f"- {method} minus next_token, {task} {metric}: {format_interval(iv)} ({where}): "
-                     f"{reading(iv, None, 'next_token')}")
+        mark = f" {OPTIMISTIC_MARK}" if (method, task) in optimistic or ("next_token", task) in optimistic else ""
+        lines.append(f"- {method} minus next_token, {task} {metric}: {format_difference(iv)} ({where}): "
+                     f"{reading(iv, higher_is_better(metric), 'next_token')}{mark}")
     return lines
 
 
 def comparison_table(summaries: list[dict], metrics: Optional[list[str]] = None) -> str:
-    """Markdown table: one row per method, one column per (task, metric); mean ± sample std over seeds. Below it,
-    each method against ``next_token`` paired by seed (:func:`paired_differences`), where both have runs of
-    the same seeds."""
-    cells, methods, columns, notes = _cells(summaries, metrics)
-    rows = [[meth] + [_over_seeds(cells.get((meth, t, m), [])) for t, m in columns] for meth in methods]
+    """Markdown table: one row per method, one column per (task, metric); mean ± sample std over seeds.
+
+    Each task's column is its primary metric unless ``metrics`` names others; a training summary's is
+    :func:`comparable_metric` (its task's metric, else the held-out next-token loss, never a method's own
+    objective), and a column of the next-token loss says so below the table. A value whose checkpoint was
+    selected on the rows it is reported on is marked :data:`OPTIMISTIC_MARK`, with a footnote naming its split.
+    Below, each method against ``next_token`` paired by seed (:func:`paired_differences`), where both have runs of
+    the same seeds, and the duplicate summaries left out.
+    """
+    cells, methods, columns, notes, optimistic = _cells(summaries, metrics)
+    rows = [[meth] + [_cell(cells.get((meth, t, m), []), (meth, t) in optimistic) for t, m in columns]
+            for meth in methods]
     text = _markdown(["method"] + [f"{t} {m}" for t, m in columns], rows)
+    captions = _captions(columns)
+    if captions:
+        text += "\n" + "".join(f"{c}\n" for c in captions)
+    if optimistic:
+        text += f"\n{_optimistic_note(optimistic)}\n"
     diffs = paired_differences(summaries, metrics)
     if diffs:
         text += ("\nAgainst next_token, paired by seed (mean difference [95 % interval]; a difference is claimed "
@@ -472,7 +639,7 @@ def curves_figure(runs: list[dict], title: str = ""):
 
 def comparison_plot(summaries: list[dict], path: str, metrics: Optional[list[str]] = None) -> None:
     """Bars of each (task, metric) per method: mean over seeds, error bars = sample std, dots = seeds."""
-    cells, methods, columns, _ = _cells(summaries, metrics)
+    cells, methods, columns, _, _ = _cells(summaries, metrics)
     fig, axes = _pyplot().subplots(1, len(columns), figsize=(3.2 * len(columns), 3.2), squeeze=False)
     for ax, (t, m) in zip(axes[0], columns):
         for i, meth in enumerate(methods):

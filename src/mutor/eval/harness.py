@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -31,6 +32,40 @@ __all__ = ["Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark", "ev
 
 
 # ----------------------------------------------------------------- loading
+def check_model_path(path: str, flag: str = "--model", needs_run: Optional[str] = None) -> None:
+    """Refuse a model or run path that is not there, naming it, before anything else is read.
+
+    A name that cannot be a Hub id (it starts with ``.``, ``/`` or ``~``, or has more than one ``/``) must be a
+    local path, and so must a ``--checkpoints`` run; so must any name when ``needs_run`` says why only a run
+    will do (its recipe names the rows to score).
+
+    Args:
+        path: What the user gave.
+        flag: How the user gave it (``--model``, ``--checkpoints``).
+        needs_run: Why a Hub id will not do here, or None where one may.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, named with ``flag``.
+    """
+    name = str(path)
+    if Path(name).expanduser().exists():
+        return
+    if flag == "--checkpoints" or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"{flag} {name!r} does not exist")
+    if needs_run:
+        raise FileNotFoundError(f"{flag} {name!r} does not exist: no such directory ({needs_run})")
+
+
+def run_needed(task_name: str, data: Optional[str]) -> Optional[str]:
+    """Why ``mutor eval --task task_name`` (``data``: its ``--data``) needs a local run rather than a Hub id, for
+    :func:`check_model_path`; None where a Hub id will do."""
+    if task_name == "run":
+        return "--task run rebuilds the task from the run's recipe.yaml"
+    own = task_name in BENCHMARKS and BENCHMARKS[task_name].for_run is not None
+    return "only a run's recipe names the rows to score; give --data FILE to score a Hub model" \
+        if own and data is None else None
+
+
 def load_model_and_tokenizer(path: str, tokenizer: Optional[str] = None, dtype: str = "auto",
                              device: Optional[str] = None):
     """The model (a peft adapter directory merged) in ``dtype`` on ``device`` (default: a GPU when there is
@@ -134,9 +169,12 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     is given (its ``data.path`` rows when it names no held-out file, and the summary says so)."""
     from tqdm.auto import tqdm
 
+    from ..data.text import row_name
     from ..utils.errors import MutorUserError
     from .generation import check_generation_fits, greedy_generate
 
+    if model_and_tokenizer is None:
+        check_model_path(model_path, needs_run=run_needed(task_name, data))
     benchmark = benchmark_for(task_name, str(model_path), scorer)     # the scorer is imported before any work
     if draft_registers is not None:
         return _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir, prefix_attention,
@@ -175,14 +213,18 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     rows = []
     for j, (ex, prompt, ref) in enumerate(zip(examples, prompts, refs)):
         text = tok.decode(gens[j], skip_special_tokens=True)
+        where = data or benchmark.sources.get(split) or split
         try:
             scores = benchmark.score_row(text, ref, ex)
         except Exception as err:
             if benchmark.scorer is None:
                 raise
-            where = data or benchmark.sources.get(split) or split
-            raise MutorUserError(f"--scorer {benchmark.scorer!r} failed on row {j} of {where}: "
+            raise MutorUserError(f"--scorer {benchmark.scorer!r} failed on {row_name(j, where)} of {where}: "
                                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+        bad = [k for k, v in scores.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad and benchmark.scorer is not None:      # JSON has no NaN: refused, not written as a bare NaN
+            raise MutorUserError(f"--scorer {benchmark.scorer!r} returned {scores[bad[0]]} for {bad[0]!r} on "
+                                 f"{row_name(j, where)} of {where}; a metric must be a finite number")
         rows.append({"prompt": prompt, "generation": text, "reference": ref,
                      "extracted": benchmark.extract(text), **scores})
     fixed = ("prompt", "generation", "reference", "extracted")
@@ -200,7 +242,7 @@ def evaluate_model(task_name: str, model_path: str, split: str = "test", data: O
     if output_dir is not None:
         out = Path(output_dir)
         write_jsonl_atomic(out / "generations.jsonl", rows)
-        write_json_atomic(out / "summary.json", summary)
+        write_json_atomic(out / "summary.json", summary, allow_nan=False)
         write_text_atomic(out / "summary.md", summary_markdown([summary]))
     return summary
 
@@ -248,7 +290,7 @@ def _evaluate_with_drafts(task_name, model_path, split, data, limit, output_dir,
     summary["drafting"] = {"draft_registers": K, **total.to_dict(),
                            "tokens_per_s": round(total.new_tokens / max(seconds, 1e-9), 2)}
     if output_dir is not None:
-        write_json_atomic(Path(output_dir) / "summary.json", summary)
+        write_json_atomic(Path(output_dir) / "summary.json", summary, allow_nan=False)
     return summary
 
 
@@ -283,31 +325,40 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
 
     Own data (``prompt_completion``, ``chat``): checkpoints are picked on validation rows (``val_data``, else the
     run's ``data.eval_path``) and the pick is reported on test rows (``data``, else the run's ``data.eval_path``);
-    when both are the same rows, the best score on them is reported, and the summary says it is optimistic."""
+    when both are the same rows, the best score on them is reported under the split they were picked on
+    (``validation``), and the summary says it is optimistic. Every selection summary records
+    ``selected_on_reported_rows``: whether the checkpoint is reported on the rows it was picked on."""
+    check_model_path(run_dir, "--checkpoints")
     benchmark = benchmark_for(task_name, str(run_dir), kw.get("scorer"))
     out = Path(output_dir or Path(run_dir) / "eval" / task_name)
     cks = list_checkpoints(run_dir)
+    earlier = _earlier_outputs(out)            # what an earlier selection wrote here, replaced once this one is done
     template = benchmark.template
     use_val = template.selection == "validation" and (template.has_split("validation") or val_data is not None)
     val_rows, test_rows = val_data or benchmark.sources.get("validation"), data or benchmark.sources.get("test")
-    # own data whose validation rows are its test rows: pick on them once, and say that the report is optimistic
+    # own data whose validation rows are its test rows: pick on them once, name them validation (the split they
+    # were picked on), and say that the report is optimistic
     same_rows = use_val and benchmark.rows is not None and val_rows is not None and val_rows == test_rows
     use_val = use_val and not same_rows
-    select_split = "validation" if use_val else "test"
-    scores = []
+    from_val = use_val or (same_rows and val_data is not None)        # picked on the rows given as --val-data
+    select_split = "validation" if use_val or same_rows else "test"
+    scores, written = [], {out / ck.name / select_split for ck in cks}
     for ck in cks:
-        s = evaluate_model(task_name, str(ck), split=select_split, data=val_data if use_val else data,
+        s = evaluate_model(task_name, str(ck), split=select_split, data=val_data if from_val else data,
                            output_dir=str(out / ck.name / select_split),
-                           **{"data_label": "--val-data" if use_val else "--data", **kw})
+                           **{"data_label": "--val-data" if from_val else "--data", **kw})
         scores.append((s["metrics"][s["primary"]], ck, s))
     primary = scores[0][2]["primary"]
     best_score, best, best_summary = max(scores, key=lambda x: x[0])
+    written |= {out / x for split in benchmark.test_splits[1:] for x in (split, Path(best.name) / split)}
+    written |= {out / best.name / "test"} if use_val else set()
     test = best_summary if not use_val else evaluate_model(task_name, str(best), split="test", data=data,
                                                            output_dir=str(out / best.name / "test"), **kw)
     if use_val:
         protocol = f"best of {len(cks)} checkpoints by validation {primary}, reported on test"
     elif benchmark.rows is not None:
-        protocol = (f"best test {primary} over {len(cks)} checkpoints, picked on the rows it reports ({test_rows}; "
+        protocol = (f"best {select_split} {primary} over {len(cks)} checkpoints, picked on the rows it reports "
+                    f"({test_rows}; "
                     "give --val-data, or --data for test rows apart from the run's held-out rows, to pick on "
                     "other rows); optimistic by construction")
     else:
@@ -315,24 +366,57 @@ def evaluate_checkpoints(task_name: str, run_dir: str, data: Optional[str] = Non
                     "which has no validation split; optimistic by construction)")
     result = {**test, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
               "selection": protocol, "selection_split": select_split,
+              "selected_on_reported_rows": not use_val or (val_data is not None and val_data == data),
               "per_checkpoint": [{"checkpoint": c.name, primary: v} for v, c, _ in scores]}
     result.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
-    write_json_atomic(out / "summary.json", result)
+    write_json_atomic(out / "summary.json", result, allow_nan=False)
     write_text_atomic(out / "summary.md", summary_markdown([result]) + f"\n{protocol}; selected {best.name}.\n")
     for split in benchmark.test_splits[1:]:       # the same selected checkpoint on the task's other test splits,
         other_out = out / split                   # inside the output directory as `--model` writes its splits
         other = evaluate_model(task_name, str(best), split=split, data=None,
                                output_dir=str(out / best.name / split), **kw)
         other = {**other, "model": str(best), "run_dir": str(run_dir), "selected_checkpoint": best.name,
-                 "selection": protocol, "selection_split": select_split}
+                 "selection": protocol, "selection_split": select_split, "selected_on_reported_rows": False}
         other.update({k: v for k, v in run_info(str(best)).items() if k in ("method", "seed")})
-        write_json_atomic(other_out / "summary.json", other)
+        write_json_atomic(other_out / "summary.json", other, allow_nan=False)
         write_text_atomic(other_out / "summary.md", summary_markdown([other]) + f"\n{protocol}; selected "
                                                                                  f"{best.name}.\n")
         result.setdefault("other_splits", {})[split] = {"n": other["n"], "metrics": other["metrics"],
                                                         "summary": str(other_out / "summary.json")}
-        write_json_atomic(out / "summary.json", result)
+        write_json_atomic(out / "summary.json", result, allow_nan=False)
+    _remove_outputs_not_rewritten(out, earlier, written)
     return result
+
+
+_EVAL_FILES = ("summary.json", "summary.md", "generations.jsonl")     # what an evaluation writes to its directory
+
+
+def _earlier_outputs(out: Path) -> set[Path]:
+    """The evaluation directories already inside a selection's output directory ``out`` (``checkpoint-N/<split>/``
+    and ``<split>/``): only those whose ``summary.json`` is an evaluation summary, so that what the user put there
+    is never among them."""
+    found: set[Path] = set()
+    for summary in [*out.glob("*/summary.json"), *out.glob("checkpoint-*/*/summary.json")]:
+        try:
+            s = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(s, dict) and {"task", "metrics", "model"} <= set(s):
+            found.add(summary.parent)
+    return found
+
+
+def _remove_outputs_not_rewritten(out: Path, earlier: set[Path], written: set[Path]) -> None:
+    """After a selection finished: remove the evaluation files of the earlier directories (:func:`_earlier_outputs`)
+    that this selection did not write again, and the directories they leave empty, so that ``out`` holds this
+    selection's outputs only (``mutor compare`` reads every summary under it). ``written``: the directories this
+    selection wrote."""
+    for d in sorted(earlier - written, key=lambda p: len(p.parts), reverse=True):
+        for name in _EVAL_FILES:
+            (d / name).unlink(missing_ok=True)
+        for x in (d, d.parent):
+            if x != out and x.is_dir() and not any(x.iterdir()):
+                x.rmdir()
 
 
 # ------------------------------------------------------- synthetic tasks
@@ -348,6 +432,7 @@ def evaluate_run_task(model_path: str, output_dir: Optional[str] = None, overrid
     from ..data.registry import build_training_data
     from ..utils.io import yaml_load
 
+    check_model_path(model_path, needs_run=run_needed("run", None))
     p = Path(model_path)
     recipe = next((d / "recipe.yaml" for d in (p, p.parent) if (d / "recipe.yaml").is_file()), None)
     if recipe is None:

@@ -8,9 +8,11 @@ config, the streamer) and runs :func:`mutor.generation.loop.decode` on that mode
 tokens.
 
 The registers must belong to the model: the run's base config (architecture, hidden size, vocabulary, layers)
-is checked against the model's at each call. Decoding is exact, so the model's tokens (float32: greedy token
-for token, sampling in distribution) are those of its own ``generate``; the registers only decide how many
-tokens a forward yields.
+is checked against the model's at each call. The prompt is attended as the run was trained (its sidecar's
+``prefix_attention``): a run trained with a bidirectional prompt decodes with it, as ``mutor eval`` decodes it,
+where transformers' plain ``generate`` would attend to the prompt causally. Decoding is exact, so the model's
+tokens (float32: greedy token for token, sampling in distribution) are those of its own decoding with that
+prompt attention; the registers only decide how many tokens a forward yields.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 import weakref
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -67,9 +70,11 @@ def _saved_signature(path: Path) -> Optional[dict]:
     be read here."""
     from transformers import AutoConfig
 
+    from ..utils.io import lora_base_dir
+
     source = path
     if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
-        source = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        source = lora_base_dir(path)                       # a random-init base: the run's base/, from anywhere
     try:
         return _signature(AutoConfig.from_pretrained(str(source), local_files_only=True))
     except Exception:                                      # noqa: BLE001 - an unreadable base: checked by width
@@ -89,9 +94,15 @@ def draft_decode(model: MuToRModel, prompt: list[int], max_new_tokens: int, eos:
     """One prompt decoded by :func:`~mutor.generation.loop.decode` on ``model`` with ``policy``; the forwards
     timed by the policy's clock."""
     target = ModelForward(model, policy.k_max - 1, prompt_len)
-    clock = time.thread_time if policy.settings.clock == "cpu" else time.perf_counter
     return decode(target, RegisterProposer(policy, selector.sample), selector, prompt, max_new_tokens, eos, stop,
-                  clock, on_token)
+                  forward_clock(policy.settings.clock), on_token)
+
+
+def forward_clock(name: str) -> Callable[[], float]:
+    """The clock a draft policy's forwards are timed by: ``"wall"`` is ``time.perf_counter`` (what the user waits
+    for), ``"cpu"`` is ``time.thread_time``. The one place drafting reads a clock, so that tests can put a clock
+    driven by a cost model in its place."""
+    return time.thread_time if name == "cpu" else time.perf_counter
 
 
 def _callers_streamer():
@@ -114,7 +125,9 @@ class RegisterDrafter:
         out = model.generate(**inputs, max_new_tokens=64, custom_generate=drafter)
 
     ``generate`` prepares everything as usual and hands the decoding loop to the drafter: greedy output equals
-    ``generate``'s token for token (float32), ``do_sample=True`` is speculative sampling (exact in distribution),
+    ``generate``'s token for token (float32; a run trained with a bidirectional prompt: the model's greedy decoding
+    with that prompt, as ``mutor eval`` decodes it, which plain ``generate`` cannot do), ``do_sample=True`` is
+    speculative sampling (exact in distribution),
     with the logits processors and warpers (temperature, top-k, top-p, ...) applied as ``generate`` applies them;
     eos, stopping criteria, the streamer and ``return_dict_in_generate`` (``sequences``, ``scores``, ``logits``)
     work as there. One sequence at a time. One drafter can serve many calls: its policy's learned costs and
@@ -129,21 +142,35 @@ class RegisterDrafter:
             unknown; only the hidden size is checked).
         source: What the registers came from, for messages.
         draft_registers: ``"auto"`` (a :class:`~mutor.generation.policy.DraftPolicy` up to ``d_max``), an integer
-            K (always K), or a policy instance.
+            K (K-1 registers after the prompt and after every fed token, and the whole of their draft fed, up to
+            its end: see :func:`generate`), or a policy instance.
         settings: The policy's settings (``"auto"``).
-        prefix_attention: ``"causal"`` (the default: what ``generate`` does) or ``"bidirectional"`` (the prompt
-            sees itself both ways, as a bidirectional-prefix run is evaluated).
+        prefix_attention: How the prompt attends to itself: ``"bidirectional"`` (the whole prompt both ways) or
+            ``"causal"``. None (the default): as the run was trained (``mutor_config.prefix_attention``, which its
+            sidecar records); a value that differs from it is used, with a warning.
         model: The :class:`~mutor.MuToRModel` the registers are part of, if any (used as is for its own base).
+
+    Attributes:
+        prefix_attention: The prompt attention decoding uses.
+        last_stats: The :class:`~mutor.generation.stats.DraftStats` of the latest call (None before one).
     """
 
     def __init__(self, mutor_config: MuToRConfig, weights: torch.Tensor, signature: Optional[dict], source: str,
                  draft_registers: DraftRegisters = "auto", settings: Optional[DraftSettings] = None,
-                 prefix_attention: str = "causal", model: Optional[MuToRModel] = None):
+                 prefix_attention: Optional[str] = None, model: Optional[MuToRModel] = None):
         if mutor_config.is_2d:
             raise ValueError(f"{source}: drafting with registers uses 1D offsets; this run was trained with 2D "
                              "offsets (d_max_2d)")
         self.mutor_config, self.weights, self.signature, self.source = mutor_config, weights.detach(), signature, source
         self.policy = make_policy(draft_registers, mutor_config.d_max, settings)
+        trained = mutor_config.prefix_attention
+        if prefix_attention is None:
+            prefix_attention = trained
+        elif check_prefix_attention(prefix_attention, "prefix_attention") != trained:
+            warnings.warn(f"RegisterDrafter: {source} was trained with prefix_attention={trained!r}; decoding with "
+                          f"prefix_attention={prefix_attention!r} attends to the prompt otherwise than training did "
+                          "(leave prefix_attention unset to decode as the run was trained)", UserWarning,
+                          stacklevel=3)
         self.prefix_attention = check_prefix_attention(prefix_attention, "prefix_attention")
         self.last_stats: Optional[DraftStats] = None
         self._own = model
@@ -153,16 +180,17 @@ class RegisterDrafter:
     def from_pretrained(cls, run_or_model: Union[str, os.PathLike, MuToRModel],
                         draft_registers: DraftRegisters = "auto",
                         settings: Optional[DraftSettings] = None,
-                        prefix_attention: str = "causal") -> "RegisterDrafter":
+                        prefix_attention: Optional[str] = None) -> "RegisterDrafter":
         """The registers of a MuToR checkpoint directory (its sidecar only: no model is loaded) or of a
         :class:`~mutor.MuToRModel`.
 
         Args:
             run_or_model: A directory written by ``MuToRModel.save_pretrained`` (a run's final model or a
-                ``checkpoint-*``), or the model.
+                ``checkpoint-*``; a LoRA run's adapter directory too), or the model.
             draft_registers: ``"auto"``, an integer K or a policy (see the class).
             settings: The policy's settings.
-            prefix_attention: ``"causal"`` or ``"bidirectional"`` (see the class).
+            prefix_attention: None (the default): the run's own, read from its sidecar (``mutor_config.json``);
+                ``"causal"`` or ``"bidirectional"`` to decode otherwise (with a warning where it differs).
 
         Returns:
             The drafter.
@@ -308,10 +336,16 @@ def generate(
         draft_registers: ``"auto"`` or None (the default): each round's draft chosen for the most tokens per second
             (:class:`~mutor.generation.policy.DraftPolicy`), plain decoding where no draft pays. A policy instance
             does the same and keeps what it learned across calls: pass one for every prompt of an evaluation. An
-            integer K always drafts offsets 2..K after every kept token (K = 1 is plain decoding).
+            integer K: K-1 registers (offsets 2..K) after the prompt and after every fed token, and the whole of
+            their draft after the newest kept token fed in the next round (K = 1 is plain decoding). A draft ends
+            where feeding more could not save a forward: before its first eos (greedy; a sampled draft keeps its
+            eos) and at ``max_new_tokens``; no register follows a token whose keeping ends decoding. So the
+            prompt's own round feeds no draft, and greedy decoding offers none at all to an answer of one token
+            and its eos, or with ``max_new_tokens`` 2 or less.
         eos_token_id: Stop after this token (or any of a list); default: the model's generation config.
         prefix_attention: ``"bidirectional"`` lets the prompt see itself both ways, as the evaluation harness
-            decodes a bidirectional-prefix run; ``"causal"``; default: the model's training setting.
+            decodes a bidirectional-prefix run; ``"causal"``; None (the default): as the model was trained
+            (``model.mutor_config.prefix_attention``, which a checkpoint's sidecar records).
         do_sample: Speculative sampling from the model's distribution at ``temperature`` (no top-k / top-p: use
             ``generate(..., custom_generate=RegisterDrafter...)`` for those).
         temperature: Sampling temperature (> 0); used only with ``do_sample``.

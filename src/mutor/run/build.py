@@ -10,6 +10,7 @@ built from a config), and every adapter of the run records where its base is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -183,6 +184,15 @@ def save_random_lora_base(base: torch.nn.Module, output_dir: Path) -> None:
 
 def record_lora_base(peft_model: torch.nn.Module, base: str) -> None:
     """What every adapter of the run records as its base: ``"base"`` (the saved random init) or a local
-    base's absolute path (a relative one would only resolve from the training's working directory)."""
+    base's absolute path (a relative one would only resolve from the training's working directory).
+
+    With ``"base"`` the adapter is saved without the base's embedding layers (``save_embedding_layers=False``,
+    unless a caller asks otherwise). peft's default (``"auto"``) saves them when the vocabulary was resized, and
+    to find out reads ``config.json`` at ``base_model_name_or_path`` from the working directory or else the
+    Hub, where ``"base"`` is neither: every save would query the network and warn. The run's ``base/`` already
+    holds the embeddings the adapter was trained on, since mutor never resizes the vocabulary.
+    """
     for cfg in peft_model.peft_config.values():
         cfg.base_model_name_or_path = base
+    if base == LORA_BASE_DIR:
+        peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)

@@ -30,7 +30,11 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mutor`` argument parser, with a subparser per command."""
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print mutor's version and exit")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of user errors too (also MUTOR_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
                         "key, the first ranks checkpoints); MODULE importable from the working directory or "
                         "PYTHONPATH, or a path/to/file.py")
     p.add_argument("--limit", type=int, default=None, help="first N examples only (smoke runs)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="prompts decoded together in batched greedy decoding (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's budget")
     p.add_argument("--prefix-attention", choices=PREFIX_ATTENTION, default=None,
                    help="default: what the run was trained with (recipe.yaml / mutor_config.json), else causal")
@@ -59,7 +60,8 @@ def add_parser(sub) -> None:
                         "tokens/s. Decodes one prompt at a time: it cuts one request's latency; to score a whole "
                         "split, batched greedy decoding (--batch-size, without this flag) is faster")
     p.add_argument("--output-dir", default=None, help="default: <model>/eval/<task>-<split> or <run>/eval/<task>")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars, and the summary is not printed (it is still written)")
     p.set_defaults(command="eval")
 
     c = sub.add_parser("compare", help="paper-style table (method x task) from saved evaluation summaries",
@@ -91,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from ..eval.harness import check_model_path, run_needed
+
+    if args.checkpoints is not None:               # a path that is not there, before anything is read
+        check_model_path(args.checkpoints, "--checkpoints")
+    else:
+        check_model_path(args.model, needs_run=run_needed(args.task, args.data))
     if args.task == "run":
         if args.scorer:
             raise SystemExit("mutor eval: --scorer scores text tasks' generations; --task run uses its task's own "

@@ -75,6 +75,14 @@ def method_blocks() -> tuple[str, ...]:
 
 CONFIG_DIR = Path(__file__).parents[1] / "configs"
 
+# training keys with an obvious range, checked when the recipe is read (else the optimizer or Trainer refuses them
+# after the model has loaded, in its own words): key -> (bound, whether the bound itself is allowed)
+_TRAINING_BOUNDS = {"learning_rate": (0, False), "num_train_epochs": (0, True),
+                    "per_device_train_batch_size": (1, True), "per_device_eval_batch_size": (1, True),
+                    "gradient_accumulation_steps": (1, True), "warmup_steps": (0, True), "weight_decay": (0, True),
+                    "max_grad_norm": (0, True), "logging_steps": (0, False), "save_steps": (0, False),
+                    "eval_steps": (0, False)}
+
 # the top-level keys whose types the recipe's own fields give (``method`` and ``model`` are read on their own)
 _TOP_LEVEL = ("seed", "threads", "name", "loss_chunk_size", "prefix_attention", "grad_clip", "source_dir", "mutor",
               "multi_token", "variants", "lora", "data", "training")
@@ -188,7 +196,14 @@ class Recipe:
         if "grad_clip" in self.training:
             raise RecipeKeyError("training.grad_clip", "recipe training.grad_clip: set grad_clip at the top of the "
                                                        "recipe (it applies to every method)")
-        return parse_block(self.training, MuToRTrainingArguments, "training")
+        training = parse_block(self.training, MuToRTrainingArguments, "training")
+        for key, (low, inclusive) in _TRAINING_BOUNDS.items():
+            value = training.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                    not (value >= low if inclusive else value > low):
+                raise RecipeKeyError(f"training.{key}", f"recipe training.{key}: must be {'>=' if inclusive else '>'} "
+                                                        f"{low}, got {value!r}")
+        return training
 
     def _checked_lora(self) -> dict:
         try:
@@ -250,7 +265,9 @@ class Recipe:
         return DataArguments.from_block(self.data)
 
     def training_arguments(self, output_dir: Union[str, Path]):
-        """The ``training`` block, typed, over mutor's defaults, with the recipe's ``seed`` and ``grad_clip``.
+        """The ``training`` block, typed, over mutor's defaults, with the recipe's ``seed`` and ``grad_clip``. A recipe
+        with held-out rows (``data.eval_path`` or ``data.eval_split``) and no ``training.eval_strategy`` evaluates them
+        as often as it saves checkpoints (else as often as it logs): :meth:`held_out_notice` says so.
 
         Args:
             output_dir: Where the method's run writes (``training.output_dir`` is the whole run's).
@@ -263,7 +280,44 @@ class Recipe:
         """
         from .build import training_arguments
 
-        return training_arguments(self.training, self.seed, Path(output_dir), grad_clip=self.grad_clip)
+        args = training_arguments(self.training, self.seed, Path(output_dir), grad_clip=self.grad_clip)
+        cadence = self._held_out_cadence(args)
+        if cadence:
+            args = training_arguments({**self.training, **cadence}, self.seed, Path(output_dir),
+                                      grad_clip=self.grad_clip)
+        return args
+
+    def _held_out_cadence(self, args) -> dict:
+        """What turns on the held-out evaluation of a recipe that names held-out rows (``data.eval_path`` or
+        ``data.eval_split``) but no ``training.eval_strategy``: the checkpoints' cadence (``save_strategy``,
+        ``save_steps``), else the logging one; ``{}`` when the recipe names no held-out rows or sets
+        ``eval_strategy`` itself (``no`` included)."""
+        if "eval_strategy" in self.training or all(self.data.get(k) is None for k in ("eval_path", "eval_split")):
+            return {}
+        for strategy, steps in ((args.save_strategy, args.save_steps), (args.logging_strategy, args.logging_steps)):
+            value = getattr(strategy, "value", strategy)
+            if value in ("steps", "epoch"):
+                own_steps = value != "steps" or "eval_steps" in self.training
+                return {"eval_strategy": value, **({} if own_steps else {"eval_steps": steps})}
+        return {}
+
+    def held_out_notice(self, args) -> Optional[str]:
+        """The line ``mutor train`` prints when it turned the held-out evaluation on (:meth:`training_arguments`
+        with held-out rows and no ``training.eval_strategy``); None otherwise.
+
+        Args:
+            args: The method's training arguments, from :meth:`training_arguments`.
+        """
+        if not self._held_out_cadence(args):
+            return None
+        key = "data.eval_path" if self.data.get("eval_path") is not None else "data.eval_split"
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+        steps = args.eval_steps if args.eval_steps is not None else args.logging_steps
+        every = "every epoch" if strategy != "steps" else "every step" if steps == 1 else f"every {steps:g} steps"
+        saving = getattr(args.save_strategy, "value", args.save_strategy) in ("steps", "epoch")
+        why = "" if "eval_steps" in self.training else ", as checkpoints are saved" if saving else ", as training logs"
+        return (f"{key} is set and training.eval_strategy is not: evaluating the held-out rows {every}{why} "
+                f"(training.eval_strategy: {strategy}); set training.eval_strategy: no to train without")
 
     def register_reach(self) -> int:
         """How far past the longest row a register's position id can reach: the ``mutor`` block's d_max (times an

@@ -15,13 +15,14 @@ def add_parser(sub) -> None:
                        description="Sample images from a model trained with an image task (digits, image_codes). "
                                    "Writes codes.npy, labels.npy and, for digits, one PNG grid per class.")
     p.add_argument("--model", required=True, help="a run or checkpoint directory of an image task")
-    p.add_argument("--num-per-class", type=int, default=10)
+    p.add_argument("--num-per-class", type=int, default=10, help="images per class (default 10)")
     p.add_argument("--classes", type=int, nargs="*", default=None, help="default: every class")
     p.add_argument("--cfg-scale", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="softmax temperature of the sampled codes (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest codes only (default: all)")
+    p.add_argument("--batch-size", type=int, default=256, help="images sampled together (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (default 0)")
     p.add_argument("--device", default=None, help="torch device to sample on (default: cuda when a GPU is visible, "
                                                  "else cpu)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="dtype to load the model in (default: the "

@@ -351,6 +351,9 @@ def run_recipe(source: Union[str, Path, dict, Recipe], overrides: Optional[list[
 def _run(recipe: Recipe, root: Path, resume: bool, quiet: bool, say, arguments: dict) -> dict:
     methods = recipe.methods
     runs = []
+    notice = recipe.held_out_notice(arguments[methods[0]])
+    if notice:
+        say(f"[mutor train] {notice}")
     for method in methods:
         out = _method_dir(root, methods, method)
         done = out / "summary.json"

@@ -48,9 +48,21 @@ def write_text_atomic(path: PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def write_json_atomic(path: PathLike, obj: Any) -> None:
-    """Write ``obj`` to ``path`` atomically as indented JSON."""
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+def write_json_atomic(path: PathLike, obj: Any, allow_nan: bool = True) -> None:
+    """Write ``obj`` to ``path`` atomically as indented JSON.
+
+    Args:
+        path: The file.
+        obj: What to write.
+        allow_nan: False: refuse a NaN or infinite number (``ValueError`` naming the file, nothing written), so
+            that the file is strict JSON; True writes them as ``NaN`` / ``Infinity``, which Python's ``json``
+            reads back but strict parsers refuse.
+    """
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=allow_nan)
+    except ValueError as err:
+        raise ValueError(f"{path}: not written: {err}") from None
+    write_text_atomic(path, text + "\n")
 
 
 def write_jsonl_atomic(path: PathLike, rows: Iterable[dict]) -> None:
