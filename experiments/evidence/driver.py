@@ -27,7 +27,10 @@ Each declared run goes through one pipeline, every stage of which is skipped whe
    run directory keeps that check (``retrained.json``), so every later drafting row of those weights records it.
 7. For a MuToR run of a star-graph group (``eval: {task: run}``), when the plan has a ``first_hop`` block: the
    registers' own predictions of the first hop, teacher-forced on the held-out graphs (``first_hop.py``), one
-   row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows.
+   row in ``first_hop.jsonl``; owed rows are taken up again like drafting rows. A group with
+   ``keep_checkpoints: true`` keeps every checkpoint (a model from scratch of a few MB) and its row holds the
+   same over them (``--curve``: the registers' accuracy on the first hop over training, and the hop's share of
+   the objective).
 
 A run whose row is already in ``results`` is skipped (only a stage it still owes is taken up again), so the
 driver can be started any number of times; to train and score a committed row again, use ``reproduce.py``,
@@ -103,6 +106,12 @@ class Run:
     @property
     def steps(self) -> int:
         return self.epochs * self.group["steps_per_epoch"]
+
+
+def keeps(group: dict) -> bool:
+    """Whether a group keeps every checkpoint (``keep_checkpoints: true``): a star-graph group from scratch whose
+    first-hop row is a curve over them (``first_hop.py --curve``)."""
+    return bool(group.get("keep_checkpoints"))
 
 
 def as_trained(plan: dict, path: Path) -> dict[str, list[str]]:
@@ -314,13 +323,16 @@ class Driver:
                *g.get("overrides", []), *run.overrides, f"training.max_steps={run.steps}",
                f"training.save_steps={g.get('save_every', g['steps_per_epoch'])}",
                # every epoch's end is a candidate for selection; a synthetic task scores the final model only, so
-               # only the newest checkpoint (for resuming) is kept: a full fine-tune's is 1.6 GB
-               f"training.save_total_limit={1 if g['eval']['task'] == 'run' else 'null'}",
+               # only the newest checkpoint (for resuming) is kept (a full fine-tune's is 1.6 GB), unless the group
+               # keeps them for the first-hop curve (keep_checkpoints: a model from scratch of a few MB)
+               f"training.save_total_limit={1 if g['eval']['task'] == 'run' and not keeps(g) else 'null'}",
                f"training.output_dir={d}"] + (["--resume"] if has_ck else [])
         self.stage(run, d, ("resuming" if has_ck else "training") + f" for {run.steps} steps", cmd,
                    {"resumed": has_ck}, t)
 
     def prune(self, run: Run, d: Path) -> None:
+        if keeps(run.group):
+            return
         every = run.group["steps_per_epoch"]
         for ck in d.glob("checkpoint-*"):
             if re.fullmatch(r"checkpoint-\d+", ck.name) and int(ck.name.split("-")[1]) % every:
@@ -405,15 +417,21 @@ class Driver:
                 "clipping": s.get("clipping"), "resolved_recipe": resolved_recipe(d), "code": commit,
                 "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
+    def drafting_spec(self, run: Run) -> Optional[dict]:
+        """The drafting block that applies to ``run``: its group's own (``drafting: {limit: 100}``, or ``false``
+        for none), else the plan's."""
+        spec = run.group.get("drafting", self.plan.get("drafting"))
+        return spec or None
+
     def needs_drafting(self, run: Run) -> bool:
         """A MuToR run whose drafting row is missing (the plan's ``drafting`` block)."""
-        return (bool(self.plan.get("drafting")) and run.method == "mutor"
+        return (bool(self.drafting_spec(run)) and run.method == "mutor"
                 and run.key not in done_keys(self.drafting_results))
 
     def drafting(self, run: Run, d: Path, ev: dict, f: Optional[Path] = None) -> Optional[dict]:
         """Registers as drafters on the selected checkpoint: ``drafting.py`` (acceptance per offset, tokens/s
         against greedy at batch size 1, on the first ``limit`` test prompts, in the evaluation's dtype)."""
-        spec, e = self.plan["drafting"], run.group["eval"]
+        spec, e = self.drafting_spec(run), run.group["eval"]
         f = f or d / "drafting.json"
         if not f.is_file():
             ck = d if ev["selected_checkpoint"] == "final" else d / ev["selected_checkpoint"]
@@ -437,6 +455,7 @@ class Driver:
         if not f.is_file():
             limit = str(self.plan["first_hop"].get("limit", 500))
             cmd = [sys.executable, str(HERE / "first_hop.py"), str(d), "--limit", limit, "--output", str(f)]
+            cmd += ["--curve"] if keeps(run.group) else []
             self.stage(run, d, "first hop", cmd)
         return {**run.identity, **json.loads(f.read_text()), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -524,7 +543,7 @@ class Driver:
         commit = _head()
         for run in runs:
             row, d = rows.get(run.key), self.runs_dir / run.group["name"] / run.name
-            if self.stopping or run.method != "mutor" or row is None or not self.plan.get("drafting"):
+            if self.stopping or run.method != "mutor" or row is None or not self.drafting_spec(run):
                 continue
             ck = row["selected_checkpoint"]
             if not _finished(d) or not (d if ck == "final" else d / ck).is_dir():

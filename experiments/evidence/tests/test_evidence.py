@@ -653,6 +653,37 @@ def test_first_hop_probe_rebuilds_a_token_id_runs_held_out_graphs(tmp_path):
     assert rates["graphs"] == 4 and rates["graphs_per_measure"]["d=2"] == 4
 
 
+def test_first_hop_curve_covers_every_checkpoint_and_weighs_the_hop_as_the_objective_does(tmp_path):
+    """``first_hop.py --curve``: one point per kept checkpoint and the final model, in step order. The hop's share
+    of the objective, on a model whose every output is uniform (each cross-entropy ln V): path length 4, offsets
+    {2, 3} drawn uniformly, so a sequence gets 3 registers (d = 2) or 2 (d = 3), 2.5 on average, and the hop
+    carries (1-a)/4 of the next-token term and a·(1/2)/2.5 of the register term."""
+    import math
+
+    import first_hop
+
+    from mutor.methods.mutor import MuToRModel
+    from mutor.run.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "star-graph", "method=mutor", "data.num_train=32", "data.num_test=4", "data.path_len=4",
+                 "data.num_nodes=20", "training.max_steps=2", "training.eval_steps=2", "training.save_steps=1",
+                 "training.logging_steps=1", "training.report_to=[]", "--output-dir", str(out), "--quiet"]) == 0
+    run = next(p.parent for p in out.rglob("mutor_config.json") if (p.parent / "recipe.yaml").exists())
+    points = first_hop.curve(run, limit=4)
+    assert [p["step"] for p in points] == [1, 2] and all(p["graphs"] == 4 for p in points)
+    model = MuToRModel.from_pretrained(str(run), dtype=torch.float32).eval()
+    head = model.base_model.get_output_embeddings()
+    torch.nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    a = model.mutor_config.loss_weight
+    got = first_hop.hop_share(model, first_hop._token_id_graphs(run, 4))
+    ln_v = math.log(head.weight.shape[0])
+    assert got["ntp_ce"] == got["hop_reg_ce"] == got["reg_ce"] == pytest.approx(ln_v, abs=1e-4)
+    assert got["hop_share"] == pytest.approx((1 - a) / 4 + a * 0.5 / 2.5, abs=1e-4)
+
+
 def test_grad_share_parts_add_up_to_the_training_gradient_and_read_one_without_registers(tmp_path):
     """experiments/evidence/grad_share.py splits a MuToR forward's gradient into its (1-a)·L_ntp and a·L_reg parts:
     on the model's weights (not the register embedding) they add up to the gradient of the loss training
