@@ -129,6 +129,15 @@ def test_a_model_path_that_is_not_there_is_named_first(argv, needle, tmp_path, c
 
 
 # -------------------------------------------------------------------------------- recipe keys
+@pytest.mark.parametrize("bad", ["data.promt_template=x", "training.learning_rate=-1", "data.path=no-such.jsonl"])
+def test_a_refused_recipe_leaves_no_directory_where_it_would_have_written(bad, tmp_path, capsys, monkeypatch):
+    """The recipe's own output directory (``runs/prompt-completion`` from the working directory): neither it nor
+    the ``runs/`` it would have created is left behind."""
+    monkeypatch.chdir(tmp_path)
+    _one_line(capsys, ["train", "tiny/prompt-completion", bad])
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_misspelt_data_key_gets_the_closest_and_every_key(tmp_path, capsys):
     from mutor.data.registry import RUN_KEYS
     from mutor.run.arguments import DataArguments

@@ -151,13 +151,17 @@ def _check_resumable(recipe: Recipe, method: str, out: Path, args) -> None:
 
 @contextlib.contextmanager
 def _removed_on_failure(path: Path):
-    """Remove ``path`` (created by this launch) if what runs inside fails before a checkpoint or summary exists."""
+    """Remove ``path`` if this launch created it and what runs inside fails before a checkpoint or summary exists,
+    with the parents that did not exist before it either (``runs/`` of a default ``runs/<name>``)."""
     created = not path.exists()
+    top = path
+    while created and not top.parent.exists():
+        top = top.parent
     try:
         yield
     except BaseException:
         if created and path.is_dir() and not any(path.rglob("checkpoint-*")) and not any(path.rglob("summary.json")):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
         raise
 
 
