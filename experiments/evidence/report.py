@@ -15,6 +15,11 @@ nats.
     python experiments/evidence/report.py                       # print the tables and the readings
     python experiments/evidence/report.py --readme docs/evidence.md \
         --plot experiments/evidence/evidence.png --curves experiments/evidence/curves.png
+    python experiments/evidence/report.py --against-two-se      # where "beyond 2 s.e." would read otherwise
+
+Rows trained again (``reproduce.py --record``, ``reproductions.jsonl``) are judged here again, each time, by the
+reproduction rule (:data:`REPRODUCED`, :func:`judge`) against the rows as they are, from the fresh per-example
+scores kept beside them.
 
 ``--readme`` names the files that hold the generated blocks: each block is written where its markers are (the
 at-a-glance table between the ``GLANCE`` markers, the rows, paired differences and readings between ``BEGIN`` and
@@ -32,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from mutor.eval.claims import Interval, decimals, format_interval, paired
+from mutor.eval.claims import Interval, decimals, format_interval, paired, t_critical
 from mutor.eval.claims import reading as claim_reading
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +65,12 @@ def reproduction_path(results: Path, group: str, run: str, split: str) -> Path:
     """Where the scored generations of a row trained again (``reproduce.py --record``) are kept, beside the
     results file."""
     return results.parent / "reproductions" / group / run / f"{split}.jsonl.gz"
+
+
+def reproduction_row_path(results: Path, group: str, run: str) -> Path:
+    """Where the fresh row of a row trained again (``reproduce.py --record``) is kept: its per-example scores and
+    answer losses, which the reproduction is judged by."""
+    return results.parent / "reproductions" / group / run / "row.json"
 
 
 def load(path: Path) -> list[dict]:
@@ -138,13 +149,15 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
 
     Each comparison: ``mean`` and ``interval`` (:func:`mutor.eval.claims.paired` of the per-example differences
     of each seed), ``holds`` (the rule claims it), ``per_seed`` (seed, mean difference, its per-example s.e.,
-    examples), ``scores`` (seed, the run's mean, the baseline's mean)."""
+    examples), ``scores`` (seed, the run's mean, the baseline's mean), ``rows`` (the rows paired in it, as
+    ``(group, run)``: the rows whose readings it is)."""
     base = {(r["group"], r["method"], r["seed"]): r for r in rows if not r["tag"]}
     tagged = defaultdict(list)                     # (group, tag, seed) -> runs: a tag may name runs of several methods
     for r in rows:
         if r["tag"]:
             tagged[(r["group"], r["tag"], r["seed"])].append(r)
     by = defaultdict(list)                         # (group, run label, baseline, split, measure) -> [(seed, diffs)]
+    members = defaultdict(set)                     # the same key -> the rows paired in it, (group, run)
     for r in rows:
         ref = (references or {}).get(r["group"])
         targets = [(ref["group"], m) for m in ref["methods"]] if ref else [(r["group"], "next_token")]
@@ -160,8 +173,9 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
                 for measure, key in MEASURES.items():
                     x, y = _per(r, split, key), _per(b, split, key)
                     if x is not None and y is not None and len(x) == len(y):
-                        by[(r["group"], name, baseline, split, _measure(r, measure))].append(
-                            (r["seed"], [p - q for p, q in zip(x, y)], sum(x) / len(x), sum(y) / len(y)))
+                        key = (r["group"], name, baseline, split, _measure(r, measure))
+                        by[key].append((r["seed"], [p - q for p, q in zip(x, y)], sum(x) / len(x), sum(y) / len(y)))
+                        members[key] |= {(r["group"], r["run"]), (b["group"], b["run"])}
     out = []
     for (group, name, baseline, split, measure), seeds in sorted(by.items()):
         seeds = sorted(seeds)
@@ -169,7 +183,8 @@ def comparisons(rows: list[dict], references: Optional[dict] = None, also: Optio
         out.append({"group": group, "comparison": f"{name} - {baseline}", "baseline": baseline, "split": split,
                     "measure": measure, "per_seed": [(sd, *_mean_se(d), len(d)) for sd, d, _, _ in seeds],
                     "mean": iv.mean, "interval": iv, "holds": iv.holds, "seeds": iv.seeds,
-                    "scores": [(sd, x, y) for sd, _, x, y in seeds]})     # per seed: the run's and the baseline's mean
+                    "scores": [(sd, x, y) for sd, _, x, y in seeds],     # per seed: the run's and the baseline's mean
+                    "rows": sorted(members[(group, name, baseline, split, measure)])})
     return out
 
 
@@ -201,6 +216,22 @@ def reading(c: dict) -> str:
     baseline, not shown (the interval includes 0), or exploratory (fewer than three seeds)."""
     than = "next-token" if c["baseline"] == "next_token" else c["baseline"]
     return claim_reading(c["interval"], _higher_is_better(c), than)
+
+
+def two_se_differences(comps: list[dict]) -> list[str]:
+    """The comparisons of three seeds or more that reading a difference "beyond two standard errors" (of the mean
+    over seeds, ``s / sqrt(n)``) would read otherwise than the claim rule does, one line each with both readings."""
+    out = []
+    for c in comps:
+        iv = c["interval"]
+        if iv.exploratory or math.isnan(iv.seed_half):
+            continue
+        se = iv.seed_half / t_critical(iv.seeds - 1)
+        if (abs(iv.mean) > 2 * se) != iv.holds:
+            out.append(f"{c['group']}, {c['comparison']}, {c['split']}, {c['measure']}: {_interval(c)} (mean "
+                       f"{iv.mean:+.2f}, standard error {se:.2f}): the claim rule reads {reading(c)}; beyond 2 s.e. "
+                       f"it would {'' if abs(iv.mean) > 2 * se else 'not '}be claimed")
+    return out
 
 
 def verdict(comps: list[dict], uninformative: Optional[dict] = None) -> str:
@@ -352,6 +383,17 @@ def glance(rows: list[dict], comps: list[dict], uninformative: Optional[dict] = 
             "a difference is read by the claim rule):\n\n" + summary_table(comps, uninformative))
 
 
+def answers_line(rows: list[dict], results: Path) -> str:
+    """How many run x split results have their scored answers committed beside the results file, and how many
+    more have those of a reproduction instead (the runs tables' last column, counted)."""
+    splits = [(r["group"], r["run"], s) for r in rows for s in r["splits"]]
+    kept = sum(generations_path(results, *x).is_file() for x in splits)
+    again = sum(not generations_path(results, *x).is_file() and reproduction_path(results, *x).is_file()
+                for x in splits)
+    return (f"Scored answers are committed for {kept} of the {len(splits)} run x split results below (the runs "
+            f"tables' last column), and for {again} more those of the run trained again.")
+
+
 def markdown(rows: list[dict], uninformative: Optional[dict] = None, references: Optional[dict] = None,
              with_glance: bool = True, comps: Optional[list[dict]] = None, tasks: Optional[list[dict]] = None,
              results: Optional[Path] = None) -> str:
@@ -359,7 +401,7 @@ def markdown(rows: list[dict], uninformative: Optional[dict] = None, references:
     plan's ``tasks`` the same table for Multi-Token, each group's runs, the paired differences and their readings;
     ``comps``: :func:`comparisons` of the rows, when the caller has them already; ``results``: the results file,
     whose committed answers the runs' tables mark (:func:`runs_table`)."""
-    parts = []
+    parts = [answers_line(rows, results)] if results else []
     for group in dict.fromkeys(r["group"] for r in rows):
         g = [r for r in rows if r["group"] == group]
         parts.append(f"**{group}** ({g[0]['recipe']}; {g[0]['selection']})\n\n{runs_table(g, results)}")
@@ -468,27 +510,254 @@ def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) ->
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
-def reproductions_table(rows: list[dict], committed: list[dict] = ()) -> str:
+REPRODUCED = ("a row trained and scored again reproduces the committed one when, on every split and measure "
+              "compared, its per-example scores are identical to the committed row's, or, where they are not, every "
+              "reading the row enters is unchanged with the fresh row in the committed one's place. The readings a "
+              "row enters are every paired comparison of this report that pairs it (as the run or as the baseline, "
+              "on that split and measure), the comparisons behind the summary tables included; a reading is "
+              "unchanged when the claim rule reads it the same (claimed or not, and in which direction, or "
+              "exploratory) and its mean difference keeps its sign. The numbers shown may move; the largest move "
+              "of a mean difference is shown. A row that enters no reading reproduces only when identical. How many "
+              "of the n per-example scores are the same is always reported")
+"""The reproduction rule, stated once: ``reproduce.py`` judges by it (:func:`judge`), and the page says it."""
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def entered_readings(rows: list[dict], fresh: dict, split: str, measure: str, references: Optional[dict] = None,
+                     also: Optional[dict] = None) -> list[dict]:
+    """Every reading the committed row of ``fresh``'s group and run enters on ``split`` and ``measure``, before and
+    after ``fresh`` takes its place in ``rows`` (:func:`comparisons`, with the plan's ``references`` and ``also``).
+
+    Returns:
+        One dict per comparison that pairs the row: ``group``, ``comparison``, ``before`` and ``after`` (the claim
+        rule's reading), ``mean_before`` and ``mean_after`` (the mean differences), ``shown_before`` and
+        ``shown_after`` (the interval as the tables write it) and ``changed`` (another reading, or the mean's sign
+        flipped)."""
+    key = (fresh["group"], fresh["run"])
+    groups = {key[0]} | {g for g, ref in (references or {}).items() if ref["group"] == key[0]}
+    if key[0] in (references or {}):
+        groups.add(references[key[0]]["group"])
+    mine = [r for r in rows if r["group"] in groups and "method" in r]
+    if len(mine) < 2:
+        return []                                           # nothing to pair with
+    swapped = [fresh if (r["group"], r["run"]) == key else r for r in mine]
+    after = {(c["group"], c["comparison"], c["split"], c["measure"]): c for c in comparisons(swapped, references, also)}
+    out = []
+    for c in comparisons(mine, references, also):
+        if key not in c["rows"] or c["split"] != split or c["measure"] != measure:
+            continue
+        a = after[(c["group"], c["comparison"], c["split"], c["measure"])]
+        out.append({"group": c["group"], "comparison": c["comparison"], "before": reading(c), "after": reading(a),
+                    "mean_before": c["mean"], "mean_after": a["mean"], "shown_before": _interval(c),
+                    "shown_after": _interval(a),
+                    "changed": reading(c) != reading(a) or _sign(c["mean"]) != _sign(a["mean"])})
+    return out
+
+
+def _measure_key(measure: str) -> str:
+    """The per-example field behind a measure's name (the score is named by the group's primary metric)."""
+    return "answer_loss_per_example" if "loss" in measure else "per_example"
+
+
+def judge(rows: list[dict], committed: dict, fresh: dict, split: str, measure: str,
+          references: Optional[dict] = None, also: Optional[dict] = None) -> dict:
+    """One split and measure of a reproduction judged by :data:`REPRODUCED`.
+
+    Args:
+        rows: The committed results rows (the readings are theirs).
+        committed: The committed row.
+        fresh: The row trained and scored again.
+        split: The split compared.
+        measure: The measure's name, as :func:`comparisons` names it.
+        references: The plan's diagnostic references (:func:`references`).
+        also: The plan's ``also_against`` (:func:`also_against`).
+
+    Returns:
+        ``identical`` (every per-example value equal; for an answer loss without per-example values, the mean),
+        ``same_items`` (per-example values equal, None where either side has none), ``n``, ``readings``
+        (:func:`entered_readings`), ``moved`` (the largest move of a mean difference), ``changed`` (the changed
+        readings in words) and ``status``: ``identical``, ``readings unchanged`` or ``NOT reproduced``.
+    """
+    key = _measure_key(measure)
+    c, f = _per(committed, split, key), _per(fresh, split, key)
+    same = sum(a == b for a, b in zip(c, f)) if c is not None and f is not None and len(c) == len(f) else None
+    if same is not None:
+        identical = same == len(c)
+    else:
+        sc, sf = committed["splits"].get(split, {}), fresh["splits"].get(split, {})
+        identical = sc.get("answer_loss") == sf.get("answer_loss") if "loss" in measure else False
+    found = entered_readings(rows, fresh, split, measure, references, also)
+    changed = [f"{x['group']}: {x['comparison']}: {x['before']} ({x['shown_before']}) -> {x['after']} "
+               f"({x['shown_after']})" for x in found if x["changed"]]
+    status = "identical" if identical else "readings unchanged" if found and not changed else "NOT reproduced"
+    return {"identical": identical, "same_items": same, "n": len(c) if c is not None else None, "readings": found,
+            "moved": max((abs(x["mean_after"] - x["mean_before"]) for x in found), default=0.0),
+            "changed": changed, "status": status}
+
+
+def _primary_scores(path: Path, primary: str) -> Optional[list[float]]:
+    """The per-example primary scores of kept generations (``<split>.jsonl.gz``), in points (None when absent)."""
+    import gzip
+
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt") as f:
+        xs = [float(json.loads(x)[primary]) for x in f if x.strip()]
+    return [100 * x for x in xs] if xs and max(xs) <= 1 else xs
+
+
+def fresh_row(results: Path, committed: dict, record: dict) -> tuple[Optional[dict], list[str]]:
+    """The fresh row of a recorded reproduction, rebuilt to judge it by :data:`REPRODUCED` against the rows as they
+    are now: the row ``reproduce.py --record`` keeps under ``reproductions/<group>/<run>/row.json``; for a
+    reproduction recorded without it, the committed row with each compared split's per-example scores read from
+    the fresh answers kept there. A fresh answer loss without its per-example values is stood in for by the
+    committed per-example losses shifted by the recorded difference: the same means and intervals over seeds, the
+    committed row's spread per example.
+
+    Returns:
+        The fresh row (None when neither is kept) and notes on what was stood in for.
+    """
+    kept = reproduction_row_path(results, record["group"], record["run"])
+    if kept.is_file():
+        return json.loads(kept.read_text()), []
+    fresh = json.loads(json.dumps(committed))
+    notes = []
+    for x in record["lines"]:
+        sp = fresh["splits"].get(x["split"])
+        if sp is None:
+            return None, []
+        if "loss" in x["measure"]:
+            if x["difference"] and sp.get("answer_loss_per_example"):
+                sp["answer_loss_per_example"] = [v + x["difference"] for v in sp["answer_loss_per_example"]]
+                notes.append(f"{x['split']} answer loss: the committed per-example losses shifted by the recorded "
+                             "difference")
+            sp["answer_loss"] = x["fresh"]
+            continue
+        if x.get("same_items") == x.get("n"):
+            continue                                         # identical: the committed scores are the fresh ones
+        scores = _primary_scores(reproduction_path(results, record["group"], record["run"], x["split"]),
+                                 committed.get("primary", "accuracy"))
+        if scores is None or len(scores) != len(sp.get("per_example") or []):
+            return None, []
+        sp["per_example"] = scores
+    return fresh, notes
+
+
+def _decimals(committed: Optional[dict], line: dict) -> int:
+    """The decimals a compared value supports: those of the committed value's 95 % per-example half-width."""
+    sp = (committed or {}).get("splits", {}).get(line["split"], {})
+    if "loss" in line["measure"]:
+        half = t_critical(max(1, (sp.get("n") or 2) - 1)) * (sp.get("answer_loss_se") or 0.0)
+    else:
+        per = _per(committed, line["split"], "per_example") if committed else None
+        half = t_critical(len(per) - 1) * _mean_se(per)[1] if per and len(per) > 1 else line.get("tolerance")
+    return decimals(half, default=1)
+
+
+def rejudged(results: Path, rows: list[dict], records: list[dict], references: Optional[dict] = None,
+             also: Optional[dict] = None) -> list[dict]:
+    """Every recorded reproduction judged again by :data:`REPRODUCED` against the rows as they are now (a verdict
+    recorded before the rule, or before rows it enters were added, is not taken as it was): per record, its
+    ``lines`` with ``verdict`` (:func:`judge`'s, or ``not comparable`` for a run trained in another precision,
+    or ``not judged`` when the fresh scores are not kept) and ``notes``."""
+    by = {(r["group"], r["run"]): r for r in rows}
+    out = []
+    for rec in records:
+        committed = by.get((rec["group"], rec["run"]))
+        same = rec.get("same_precision", True)
+        fresh, notes = fresh_row(results, committed, rec) if committed and same else (None, [])
+        lines = []
+        for x in rec["lines"]:
+            j = judge(rows, committed, fresh, x["split"], x["measure"], references, also) if fresh else None
+            if not same:
+                verdict = "not comparable: " + rec["precision"]
+            elif j is None:
+                verdict = "not judged: the committed row or the fresh scores are not kept"
+            else:
+                verdict = j["status"]
+            lines.append({**x, "judged": j, "verdict": verdict})
+        stale = committed is not None and rec.get("committed_finished_at") not in (None, committed.get("finished_at"))
+        out.append({**rec, "lines": lines, "notes": notes, "committed": committed, "stale": stale})
+    return out
+
+
+def _readings_cell(j: Optional[dict], d: int) -> str:
+    if j is None:
+        return "-"
+    if not j["readings"]:
+        return "none"
+    n = len(j["readings"])
+    if j["changed"]:
+        return f"{n}; changed: " + "; ".join(j["changed"])
+    return f"{n}, unchanged" + ("" if j["identical"] else f" (means moved by {j['moved']:.{d}f} at most)")
+
+
+def reproductions_table(rows: list[dict], committed: list[dict] = (), judged: bool = False) -> str:
     """Rows trained and scored again (``reproduce.py --record``): per split and measure, the committed and the
-    fresh value, their difference, the tolerance (the committed value's 95 % per-example half-width), how many
-    per-example scores are the same, the reading (none where the fresh run trained in another precision), and
-    the code and training threads of both runs (a row recorded without the committed thread count takes it from
-    ``committed``, the committed results rows)."""
-    threads = {(c["group"], c["run"]): c.get("threads") for c in committed}
-    out = ["| group | run | split | measure | committed | fresh | difference | tolerance (±) | same per-example "
-           "scores | reading | code (committed, fresh) | threads (committed, fresh) |",
+    fresh value, their difference, how many per-example scores are the same, the readings the row enters with
+    what the fresh row does to them, the verdict by :data:`REPRODUCED` (none where the fresh run trained in
+    another precision), and the code and training threads of both runs (a row recorded without the committed
+    thread count takes it from ``committed``, the committed results rows). ``rows``: :func:`rejudged`'s records
+    with ``judged``, else the records as kept (their recorded verdicts)."""
+    threads = {(c["group"], c["run"]): c for c in committed}
+    out = ["| group | run | split | measure | committed | fresh | difference | same per-example scores | "
+           "readings the row enters | verdict | code (committed, fresh) | threads (committed, fresh) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["group"], r["run"])):
-        both = (r.get("committed_threads") or threads.get((r["group"], r["run"])), r.get("threads"))
+        row = r.get("committed") or threads.get((r["group"], r["run"]))
+        both = (r.get("committed_threads") or (row or {}).get("threads"), r.get("threads"))
         for x in r["lines"]:
-            d = decimals(x["tolerance"], default=1)
+            d = _decimals(row, x)
             same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
+            j = x.get("judged")
+            if judged:
+                verdict = x["verdict"]
+            else:
+                verdict = x["status"] if r.get("same_precision", True) else "not comparable: " + r["precision"]
             out.append(f"| {r['group']} | {r['run']} | {x['split']} | {x['measure']} | {x['committed']:.{d}f} | "
-                       f"{x['fresh']:.{d}f} | {x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | "
-                       f"{x['status'] if r.get('same_precision', True) else 'not comparable: ' + r['precision']} | "
-                       f"{r.get('committed_code') or '?'}, {r.get('code') or '?'} | "
+                       f"{x['fresh']:.{d}f} | {x['difference']:+.{d}f} | {same} | {_readings_cell(j, d)} | "
+                       f"{verdict} | {r.get('committed_code') or '?'}, {r.get('code') or '?'} | "
                        f"{', '.join(str(t or '?') for t in both)} |")
     return "\n".join(out)
+
+
+def reproductions_summary(judged: list[dict]) -> str:
+    """The rejudged reproductions in one paragraph: how many rows, how many identical, how many with every reading
+    unchanged, not reproduced, not comparable or not judged; the per-example agreement of those not identical;
+    what was stood in for."""
+    verdicts = {}
+    for r in judged:
+        vs = [x["verdict"] for x in r["lines"]]
+        v = ("not comparable" if any(x.startswith("not comparable") for x in vs) else
+             "not judged" if any(x.startswith("not judged") for x in vs) else
+             "NOT reproduced" if "NOT reproduced" in vs else
+             "identical" if all(x == "identical" for x in vs) else "readings unchanged")
+        verdicts.setdefault(v, []).append(r)
+    parts = [f"{len(v)} {k}" for k, v in (("identical", verdicts.get("identical", [])),
+                                          ("not identical with every reading unchanged",
+                                           verdicts.get("readings unchanged", [])),
+                                          ("NOT reproduced", verdicts.get("NOT reproduced", [])),
+                                          ("not comparable", verdicts.get("not comparable", [])),
+                                          ("not judged", verdicts.get("not judged", []))) if v]
+    text = f"By this rule, of the {len(judged)} rows trained again: " + ", ".join(parts) + "."
+    agree = [(x["same_items"], x["n"]) for r in verdicts.get("readings unchanged", []) + verdicts.get(
+        "NOT reproduced", []) for x in r["lines"] if x["same_items"] is not None and x["same_items"] != x["n"]]
+    if agree:
+        lo, hi = min(agree, key=lambda a: a[0] / a[1]), max(agree, key=lambda a: a[0] / a[1])
+        text += f" Where not identical, {lo[0]}/{lo[1]} to {hi[0]}/{hi[1]} per-example scores are the same."
+    stood = sorted({f"{r['group']}/{r['run']}" for r in judged if r["notes"]})
+    if stood:
+        text += (" The fresh per-example answer losses of " + ", ".join(stood) + " were not kept (recorded before "
+                 "`reproduce.py` kept the fresh row): their answer-loss readings are judged with the committed "
+                 "per-example losses shifted by the recorded difference, which gives the same means and intervals "
+                 "over seeds and the committed row's spread per example.")
+    stale = sorted(f"{r['group']}/{r['run']}" for r in judged if r["stale"])
+    if stale:
+        text += " The committed row of " + ", ".join(stale) + " was replaced after its reproduction."
+    return text
 
 
 def first_hop_table(hops: list[dict]) -> str:
@@ -533,12 +802,22 @@ def main(argv=None) -> int:
                          f"{GLANCE[1]} (if no file has those, it opens the rows' block)")
     ap.add_argument("--plot", default=None, help="paired differences of the method comparisons (PNG)")
     ap.add_argument("--curves", default=None, help="evaluations during training, star-graph groups (PNG)")
+    ap.add_argument("--against-two-se", action="store_true",
+                    help="print only the comparisons of three seeds or more that reading a difference beyond two "
+                         "standard errors of the seeds' mean would read otherwise than the claim rule, and their count")
     args = ap.parse_args(argv)
     rows = load(args.results)
     if not rows:
         print(f"{args.results}: no rows yet")
         return 0
     marked, refs, layout = _uninformative(args.plan), references(args.plan), tasks(args.plan)
+    if args.against_two_se:
+        comps = comparisons(rows, refs, also_against(args.plan))
+        differ = two_se_differences(comps)
+        many = sum(not c["interval"].exploratory for c in comps)
+        print(f"{len(differ)} of {many} comparisons of three seeds or more read otherwise beyond 2 s.e.:"
+              + "".join(f"\n- {x}" for x in differ))
+        return 0
     texts = {Path(f): Path(f).read_text() for f in args.readme}
     if texts and not any(marks(t) for t in texts.values()):
         raise SystemExit(f"none of {', '.join(map(str, texts))} has a {BEGIN} ... {END} block")
@@ -558,14 +837,13 @@ def main(argv=None) -> int:
                "can differ from greedy only in bfloat16, by rounding):\n\n" + drafting_table(drafts))
     again = load(args.results.with_name("reproductions.jsonl"))
     if again:
+        judged = rejudged(args.results, rows, again, refs, also_against(args.plan))
         md += ("\n\nRows trained and scored again from their plan entries (`reproduce.py GROUP/RUN --record`, into a "
                "scratch directory, with the committed row's thread count unless `--threads` gives another, shown in "
-               "the table's last column; their answers are under "
-               "`experiments/evidence/reproductions/`): identical per-example scores are what the same kind of CPU and "
-               "library versions give; within tolerance, a difference no larger than the committed score's 95 % "
-               "per-example half-width (another summation order flips some answers); not comparable, a run trained "
-               "in another precision (a CPU without fast bf16 trains a bf16 recipe in float32):\n\n"
-               + reproductions_table(again, rows))
+               "the table's last column; their answers are under `experiments/evidence/reproductions/`), each judged "
+               "here against the rows as they are now: " + REPRODUCED + ". A run trained in another precision than "
+               "the row's (a CPU without fast bf16 trains a bf16 recipe in float32) is not comparable. "
+               + reproductions_summary(judged) + "\n\n" + reproductions_table(judged, rows, judged=True))
     hops = load(args.results.with_name("first_hop.jsonl"))
     if hops:
         md += ("\n\nThe registers on the first hop, the star graph's one step that needs planning "

@@ -12,24 +12,21 @@ again without training; delete it to train again. Only the results row is reprod
 first-hop rows. Reproductions side by side each need their own ``--scratch``; they may ``--record`` into the same
 checkout.
 
-What counts as reproduced, for each split compared (exit status 0 when every one does, 1 otherwise):
-
-* ``identical``: every per-example score equals the committed one. This is what to expect on the kind of
-  CPU the row was trained on, with its thread count and library versions: training and decoding are then
-  deterministic (the same seed, data order and summation order give the same weights, to the last bit).
-* ``within tolerance``: the fresh score differs from the committed one by no more than the half-width of the
-  committed score's 95 % per-example interval (``t(n-1) * s / sqrt(n)`` over its ``n`` held-out examples; 5.7
-  points for a score of 50 % on 300 examples). Another CPU, thread count or library version sums in another
-  order, so the weights differ by rounding and some answers flip; such a run is one more draw from the noise the
-  row's interval already describes, and a difference that size changes no reading of the row (the claim rule
-  never reads a difference on a narrower interval than the per-example one).
-* ``NOT reproduced``: a larger difference.
+What counts as reproduced is stated once, in ``report.py``'s ``REPRODUCED``, and judged by its ``judge`` (exit
+status 0 when every split and measure compared holds, 1 otherwise): the per-example scores are ``identical`` (what
+the kind of CPU the row was trained on gives, with its thread count and library versions: the same seed, data order
+and summation order give the same weights, to the last bit); or they are not, and every reading the row enters is
+the same with the fresh row in the committed one's place (``readings unchanged``): each paired comparison of
+``report.py`` that pairs the row, with the plan's references and ``also_against``, is read the same by the claim
+rule (claimed or not, in which direction, or exploratory) and its mean difference keeps its sign; otherwise ``NOT
+reproduced``. A row that enters no reading reproduces only when identical. How many of the per-example scores (and
+answers) are the same is always printed, with the readings and how far their means moved.
 
 A run trained in another precision than the row's is printed but not read either way (``NOT comparable``, exit
 status 1): a CPU without fast bf16 trains a bf16 recipe in float32 instead, which is another experiment, not another
 summation order.
 
-The held-out answer loss (where the row has one) is compared the same way, with its own standard error.
+The held-out answer loss (where the row has one) is judged the same way, by the readings on it.
 """
 
 from __future__ import annotations
@@ -38,29 +35,28 @@ import argparse
 import fcntl
 import gzip
 import json
-import math
 import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
 import driver
-from report import _per, generations_path, load, reproduction_path
+from report import (
+    REPRODUCED,
+    _decimals,
+    _per,
+    also_against,
+    generations_path,
+    judge,
+    load,
+    references,
+    reproduction_path,
+    reproduction_row_path,
+)
 
-from mutor.eval.claims import decimals, t_critical
 from mutor.run.recipe import dotted_keys
 
 HERE = Path(__file__).resolve().parent
-
-
-def _mean_half(xs: list[float]) -> tuple[float, float]:
-    """The mean of ``xs`` and the half-width of its 95 % t-interval (NaN below two values)."""
-    n = len(xs)
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t_critical(n - 1) * sd / math.sqrt(n)
 
 
 def _answers(path: Path) -> Optional[list[str]]:
@@ -72,8 +68,11 @@ def _answers(path: Path) -> Optional[list[str]]:
 
 
 def compare(committed: dict, fresh: dict, splits: Optional[list[str]] = None,
-            committed_answers: Optional[dict] = None, fresh_answers: Optional[dict] = None) -> list[dict]:
-    """The fresh row beside the committed one, split by split, with the tolerance decision.
+            committed_answers: Optional[dict] = None, fresh_answers: Optional[dict] = None,
+            rows: Optional[list[dict]] = None, references: Optional[dict] = None,
+            also: Optional[dict] = None) -> list[dict]:
+    """The fresh row beside the committed one, split by split and measure by measure, judged by the reproduction
+    rule (``report.REPRODUCED``, :func:`report.judge`).
 
     Args:
         committed: The committed results row.
@@ -81,16 +80,22 @@ def compare(committed: dict, fresh: dict, splits: Optional[list[str]] = None,
         splits: The splits to compare (default: every split of the committed row).
         committed_answers: Split -> the committed generations, where kept.
         fresh_answers: Split -> the fresh generations.
+        rows: The committed results rows, whose readings the row enters (default: the committed row alone, which
+            enters none).
+        references: The plan's diagnostic references (``report.references``).
+        also: The plan's ``also_against`` (``report.also_against``).
 
     Returns:
-        One dict per split and measure: ``split``, ``measure``, ``committed``, ``fresh``, ``difference``,
-        ``tolerance`` (half-width of the committed value's 95 % interval), ``n``, ``same_items`` (per-example
-        scores equal), ``same_answers`` (generations equal, None when either side has none kept) and
-        ``status`` (``identical``, ``within tolerance`` or ``NOT reproduced``).
+        One dict per split and measure: ``split``, ``measure``, ``committed``, ``fresh``, ``difference``, ``n``,
+        ``same_items`` (per-example values equal, None where either side has none), ``same_answers``
+        (generations equal, None when either side has none kept), ``readings`` (how many readings the row enters),
+        ``moved`` (the largest move of their mean differences), ``changed`` (the readings changed, in words) and
+        ``status`` (``identical``, ``readings unchanged`` or ``NOT reproduced``).
 
     Raises:
         SystemExit: When a split asked for is not in both rows.
     """
+    rows = [committed] if rows is None else rows
     out = []
     for split in splits or list(committed["splits"]):
         if split not in committed["splits"] or split not in fresh["splits"]:
@@ -99,43 +104,41 @@ def compare(committed: dict, fresh: dict, splits: Optional[list[str]] = None,
         c, f = _per(committed, split, "per_example"), _per(fresh, split, "per_example")
         if c is None or f is None or len(c) != len(f):
             raise SystemExit(f"split {split!r}: the rows do not have per-example scores of the same examples")
-        mc, half = _mean_half(c)
-        mf = sum(f) / len(f)
-        same = sum(a == b for a, b in zip(c, f))
         ca, fa = (committed_answers or {}).get(split), (fresh_answers or {}).get(split)
         comparable = ca is not None and fa is not None and len(ca) == len(fa)
-        answers = sum(a == b for a, b in zip(ca, fa)) if comparable else None
-        status = "identical" if same == len(c) else "within tolerance" if abs(mf - mc) <= half else "NOT reproduced"
         measure = "exact match (points)" if committed.get("primary", "accuracy") == "accuracy" else \
             f"{committed['primary'].replace('_', ' ')} (points)"
-        out.append({"split": split, "measure": measure, "committed": mc, "fresh": mf, "difference": mf - mc,
-                    "tolerance": half, "n": len(c), "same_items": same, "same_answers": answers, "status": status})
+        values = [(measure, sum(c) / len(c), sum(f) / len(f),
+                   sum(a == b for a, b in zip(ca, fa)) if comparable else None)]
         sc, sf = committed["splits"][split], fresh["splits"][split]
         if sc.get("answer_loss") is not None and sf.get("answer_loss") is not None:
-            tol = t_critical(max(1, (sc.get("n") or 2) - 1)) * (sc.get("answer_loss_se") or 0.0)
-            lc, lf = sc["answer_loss"], sf["answer_loss"]
-            status = "identical" if lc == lf else "within tolerance" if abs(lf - lc) <= tol else "NOT reproduced"
-            out.append({"split": split, "measure": "answer loss (nats)", "committed": lc, "fresh": lf,
-                        "difference": lf - lc, "tolerance": tol, "n": sc.get("n"), "same_items": None,
-                        "same_answers": None, "status": status})
+            values.append(("answer loss (nats)", sc["answer_loss"], sf["answer_loss"], None))
+        for name, vc, vf, answers in values:
+            j = judge(rows, committed, fresh, split, name, references, also)
+            out.append({"split": split, "measure": name, "committed": vc, "fresh": vf, "difference": vf - vc,
+                        "n": j["n"] or sc.get("n"), "same_items": j["same_items"], "same_answers": answers,
+                        "readings": len(j["readings"]), "moved": j["moved"], "changed": j["changed"],
+                        "status": j["status"]})
     return out
 
 
 def reproduced(lines: list[dict]) -> bool:
-    """Whether every compared split and measure is identical or within tolerance."""
-    return bool(lines) and all(x["status"] != "NOT reproduced" for x in lines)
+    """Whether every compared split and measure holds by the reproduction rule (identical, or readings unchanged)."""
+    return bool(lines) and all(x["status"] in ("identical", "readings unchanged") for x in lines)
 
 
-def table(lines: list[dict]) -> str:
-    """The comparison as a Markdown table, in the digits the tolerance supports."""
-    out = ["| split | measure | committed | fresh | difference | tolerance (±) | same per-example scores | "
-           "same answers | reading |", "|---|---|---|---|---|---|---|---|---|"]
+def table(lines: list[dict], committed: Optional[dict] = None) -> str:
+    """The comparison as a Markdown table, in the digits the committed value's per-example interval supports."""
+    out = ["| split | measure | committed | fresh | difference | same per-example scores | same answers | "
+           "readings the row enters | reading |", "|---|---|---|---|---|---|---|---|---|"]
     for x in lines:
-        d = decimals(x["tolerance"], default=1)
+        d = _decimals(committed, x)
         same = "-" if x["same_items"] is None else f"{x['same_items']}/{x['n']}"
         answers = "-" if x["same_answers"] is None else f"{x['same_answers']}/{x['n']}"
+        readings = "none" if not x["readings"] else f"{x['readings']}; changed: " + "; ".join(x["changed"]) \
+            if x["changed"] else f"{x['readings']}, unchanged (means moved by {x['moved']:.{d}f} at most)"
         out.append(f"| {x['split']} | {x['measure']} | {x['committed']:.{d}f} | {x['fresh']:.{d}f} | "
-                   f"{x['difference']:+.{d}f} | {x['tolerance']:.{d}f} | {same} | {answers} | {x['status']} |")
+                   f"{x['difference']:+.{d}f} | {same} | {answers} | {readings} | {x['status']} |")
     return "\n".join(out)
 
 
@@ -180,7 +183,8 @@ def precision_note(committed: dict, fresh: dict) -> str:
 def machine_note(committed: dict, fresh: dict) -> str:
     """Whether the fresh run trained on the committed row's kind of machine (``machine`` as the driver records it:
     CPU model, its bf16 instruction sets, Python's and the packages' versions), naming what differs. Another
-    machine may sum in another order, so a row trained there is expected within tolerance, not identical."""
+    machine may sum in another order, so a row trained there may flip some answers: it reproduces the row when the
+    readings it enters are unchanged, not only when identical."""
     old, new = committed.get("machine"), fresh.get("machine") or {}
     if not old:
         return "machine: the committed row records none"
@@ -193,8 +197,9 @@ def machine_note(committed: dict, fresh: dict) -> str:
 
 def record(results: Path, committed: dict, fresh: dict, lines: list[dict], generations: dict[str, Path]) -> Path:
     """Keep a reproduction beside the committed rows: its verdict as a row of ``reproductions.jsonl`` (replacing
-    an earlier one of the same run) and, where it trained in the row's precision, its scored generations under
-    ``reproductions/<group>/<run>/``.
+    an earlier one of the same run) and, where it trained in the row's precision, the fresh row (``row.json``: its
+    per-example scores and answer losses, which ``report.py`` judges it by again against the rows as they are when
+    it renders) and its scored generations under ``reproductions/<group>/<run>/``.
 
     Args:
         results: The committed results file (the others are its siblings).
@@ -211,6 +216,7 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
            "committed_finished_at": committed.get("finished_at"), "code": fresh.get("code"),
            "finished_at": fresh.get("finished_at"), "committed_threads": committed.get("threads"),
            "threads": fresh.get("threads"),
+           "rule": "identical, or every reading the row enters unchanged (report.REPRODUCED)",
            "reproduced": reproduced(lines) and same,
            "identical": all(x["status"] == "identical" for x in lines),
            "recipe": recipe_note(committed, fresh), "precision": precision_note(committed, fresh),
@@ -220,7 +226,11 @@ def record(results: Path, committed: dict, fresh: dict, lines: list[dict], gener
         fcntl.flock(held, fcntl.LOCK_EX)
         kept = [r for r in load(path) if (r["group"], r["run"]) != key]
         path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
-    for split, src in generations.items():            # the answers of another experiment are not the row's
+    if same:                                          # the scores of another experiment are not the row's
+        kept = reproduction_row_path(results, *key)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(fresh) + "\n")
+    for split, src in generations.items():            # nor are its answers
         if same and src.is_file():
             dst = reproduction_path(results, *key, split)
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -241,8 +251,8 @@ def main(argv=None) -> int:
                     help="threads for training (default: the committed row's; another count sums in another order)")
     ap.add_argument("--record", action="store_true",
                     help="keep the verdict beside the committed rows (reproductions.jsonl, replacing an earlier one "
-                         "of this run) and the fresh generations under reproductions/<group>/<run>/; report.py "
-                         "shows them. Nothing is committed to git")
+                         "of this run), and the fresh row (row.json) and generations under "
+                         "reproductions/<group>/<run>/; report.py judges and shows them. Nothing is committed to git")
     args = ap.parse_args(argv)
 
     plan, runs = driver.load_plan(args.plan)
@@ -281,10 +291,10 @@ def main(argv=None) -> int:
     splits = args.split or list(committed["splits"])
     old = {s: _answers(generations_path(results, *run.key, s)) for s in splits}
     new = {s: _answers(generations_path(drv.results, *run.key, s)) for s in splits}
-    lines = compare(committed, fresh, splits, old, new)
+    lines = compare(committed, fresh, splits, old, new, load(results), references(args.plan), also_against(args.plan))
     print(f"\n{args.run}: committed row (code {committed.get('code', '?')}, {committed.get('finished_at', '?')}) "
           f"beside the fresh one (code {fresh['code']}, row in {drv.results})\n")
-    print(table(lines))
+    print(table(lines, committed))
     print(f"\ntraining next-token loss at the end: committed {committed.get('train_ntp_loss_last')}, "
           f"fresh {fresh.get('train_ntp_loss_last')}")
     print(recipe_note(committed, fresh))
@@ -298,8 +308,13 @@ def main(argv=None) -> int:
         print("NOT comparable: trained in another precision than the row's (a CPU with fast bf16 reproduces it)")
         return 1
     ok = reproduced(lines)
-    print("reproduced" + (" (identical)" if all(x["status"] == "identical" for x in lines) else " (within tolerance)")
-          if ok else "NOT reproduced: a difference beyond the committed row's 95 % per-example interval")
+    print(f"\nThe rule: {REPRODUCED}.")
+    if ok:
+        print("reproduced" + (" (identical)" if all(x["status"] == "identical" for x in lines) else
+                              " (not identical; every reading it enters unchanged)"))
+    else:
+        print("NOT reproduced: " + ("a reading it enters changed" if any(x["changed"] for x in lines) else
+                                    "the scores differ and the row enters no reading"))
     return 0 if ok else 1
 
 

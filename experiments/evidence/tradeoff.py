@@ -15,8 +15,11 @@ step once it has rows) and each MuToR weight a:
 
 Below the table, the sweep's best weight by the plan's rule, fixed before its runs: the highest mean validation
 exact match over both sweep tasks' runs of that weight (three seeds each), a tie to the larger weight; undecided
-until every weight has all its runs. The figure plots the accuracy difference against ``auto``'s speed-up, the
-draft length a user gets by default.
+until every weight has all its runs. Then the margin behind the pick, in validation items (how many each weight's
+runs got right, per task and over both), and the weights against each other: MuToR at one weight minus MuToR at
+another, paired by seed, test exact match, read by the claim rule (not among the readings the plan declared before
+the runs). The figure plots the accuracy difference against ``auto``'s speed-up, the draft length a user gets by
+default.
 
     python experiments/evidence/tradeoff.py                        # the table
     python experiments/evidence/tradeoff.py --plot experiments/evidence/tradeoff.png --markdown docs/FILE.md
@@ -35,9 +38,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-from report import comparisons, latest_drafts, load, reading, replace_between
+from report import _per, comparisons, latest_drafts, load, reading, replace_between
 
-from mutor.eval.claims import format_interval
+from mutor.eval.claims import format_interval, paired
 from mutor.run.recipe import load_recipe
 from mutor.utils.io import yaml_load
 
@@ -149,6 +152,91 @@ def pick_line(p: dict) -> str:
     return f"{head} **a = {p['weight']:g}** ({means})."
 
 
+def _num_validation(row: dict) -> Optional[int]:
+    """How many validation items the run was picked on: ``data.num_validation`` of its resolved recipe, else of
+    its overrides (None where neither says)."""
+    n = ((row.get("resolved_recipe") or {}).get("data") or {}).get("num_validation")
+    if n is None:
+        n = next((o.split("=", 1)[1] for o in row.get("overrides") or [] if o.startswith("data.num_validation=")),
+                 None)
+    return None if n is None else int(n)
+
+
+def margin(rows: list[dict], groups=SWEEP, weights=WEIGHTS) -> dict:
+    """The validation items behind the pick: ``{"right": {group: {a: items right}}, "of": {group: {a: items}}}``
+    over the runs of each weight in each group, at their selected checkpoints."""
+    right: dict = {g: {a: 0 for a in weights} for g in groups}
+    of: dict = {g: {a: 0 for a in weights} for g in groups}
+    for r in rows:
+        a = weight(r) if r["group"] in groups and r["method"] == "mutor" else None
+        n, v = (_num_validation(r), _validation(r)) if a in weights else (None, None)
+        if n is not None and v is not None:
+            right[r["group"]][a] += round(v * n / 100)
+            of[r["group"]][a] += n
+    return {"right": right, "of": of}
+
+
+def margin_line(rows: list[dict], p: dict, groups=SWEEP) -> str:
+    """The margin behind the pick in validation items: per task and over both, how many each weight's runs got
+    right, and by how many items the picked weight leads the next."""
+    m = margin(rows, groups, tuple(sorted(p["means"])))
+    if not any(m["of"][g][a] for g in groups for a in m["of"][g]):
+        return ""
+    parts = []
+    for g in groups:
+        n = max(m["of"][g].values())
+        parts.append(f"{LABELS.get(g, (g,))[0]}: " + ", ".join(f"a = {a:g}: {k}" for a, k in m["right"][g].items())
+                     + f" of {n}")
+    total = {a: sum(m["right"][g][a] for g in groups) for a in m["right"][groups[0]]}
+    n = sum(max(m["of"][g].values()) for g in groups)
+    text = ("Validation items right at the selected checkpoints (" + "; ".join(parts) + "; over both: "
+            + ", ".join(f"a = {a:g}: {k}" for a, k in total.items()) + f" of {n}).")
+    if p["weight"] is not None:
+        rest = sorted((k, a) for a, k in total.items() if a != p["weight"])
+        if rest:
+            k, a = rest[-1]
+            text += f" The pick leads a = {a:g}, the next, by {total[p['weight']] - k} items of {n}."
+    return text
+
+
+def between(rows: list[dict], groups=GROUPS, split: str = "test") -> list[dict]:
+    """The weights against each other, per group: MuToR at a minus MuToR at b (a < b), paired by seed on the same
+    held-out items, on the primary score, by the claim rule. One dict per pair: ``group``, ``a``, ``b``,
+    ``interval`` (:func:`mutor.eval.claims.paired`), ``reading`` and ``seeds``."""
+    out = []
+    for group in groups:
+        by: dict = defaultdict(dict)                               # weight -> seed -> per-example scores
+        for r in rows:
+            if r["group"] == group and r["method"] == "mutor":
+                a, per = weight(r), _per(r, split, "per_example")
+                if a is not None and per is not None:
+                    by[a][r["seed"]] = per
+        ws = sorted(by)
+        for i, a in enumerate(ws):
+            for b in ws[i + 1:]:
+                seeds = sorted(set(by[a]) & set(by[b]))
+                diffs = [[x - y for x, y in zip(by[a][s], by[b][s])] for s in seeds
+                         if len(by[a][s]) == len(by[b][s])]
+                if not diffs:
+                    continue
+                iv = paired(per_example=diffs)
+                c = {"interval": iv, "baseline": f"MuToR at a = {b:g}", "measure": "exact match (points)"}
+                out.append({"group": group, "a": a, "b": b, "interval": iv, "reading": reading(c),
+                            "seeds": iv.seeds})
+    return out
+
+
+def between_table(pairs: list[dict]) -> str:
+    """:func:`between`'s pairs as a markdown table."""
+    lines = ["| task | model | MuToR at a − MuToR at b | seeds | difference, test exact match, points "
+             "[95 % interval] | reading |", "|---|---|---|---:|---|---|"]
+    for x in pairs:
+        task, model = LABELS.get(x["group"], (x["group"], "-"))
+        lines.append(f"| {task} | {model} | {x['a']:g} − {x['b']:g} | {x['seeds']} | "
+                     f"{format_interval(x['interval'])} | {x['reading']} |")
+    return "\n".join(lines)
+
+
 def table(entries: list[dict]) -> str:
     """The entries as a markdown table."""
     lines = ["| task | model | a | seeds | MuToR − next-token, test exact match, points [95 % interval] | reading | "
@@ -208,7 +296,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = load(args.results)
     entries = tradeoff(rows, load(args.drafting), tuple(args.group or GROUPS))
-    text = table(entries) + "\n\n" + pick_line(pick(rows))
+    p = pick(rows)
+    text = table(entries) + "\n\n" + pick_line(p)
+    if margin_line(rows, p):
+        text += " " + margin_line(rows, p)
+    pairs = between(rows, tuple(args.group or GROUPS))
+    if pairs:
+        text += ("\n\nThe weights against each other (MuToR at one weight minus MuToR at another of the same seed, "
+                 "same test items, read by the claim rule; not among the readings declared before the runs, and "
+                 "six pairs per task, so a description of these rows rather than a finding):\n\n"
+                 + between_table(pairs))
     print(text)
     if args.plot:
         plot(entries, args.plot)

@@ -6,7 +6,7 @@ Reads every run directory ``RUNS/<method>_s<seed>_<precision>_<clip>`` written b
 
 1. the comparison table (exact match, held-out answer loss, training ntp loss over the last 25 steps,
    the share of steps whose update clipping scaled, CPU seconds per step, peak memory), with the
-   issue-16 rows (float32, joint clipping) as "before";
+   float32, joint-clipping rows (``smollm2_gsm_symbolic_bidir.jsonl``) as "before";
 2. paired per-example answer-loss differences: each run minus next-token of the same seed (bf16), and
    MuToR separate minus MuToR joint (the clipping effect alone), and bf16 minus fp32 next-token (precision);
 3. the register's share of the joint gradient norm every 10 steps (``reg / sqrt(model^2 + reg^2)``);

@@ -1,12 +1,14 @@
-# Not a module of the benchmark suite: the script that recorded the files beside it (paths are this machine's).
+# Not a module of the benchmark suite: the script that recorded the files beside it (the checkpoint paths in them
+# are where the runs were when it ran).
 """Per-forward seconds as generate measures them, for K=4 fixed and auto, interleaved per prompt."""
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))      # the checkout's root, for benchmarks
 from benchmarks.draft_replay import _load
 from mutor.generation import DraftPolicy, FixedDraft, generate
 

@@ -1,18 +1,18 @@
 """experiments/evidence/reproduce.py: one committed evidence row trained and scored again into a scratch directory,
-printed beside the committed row, with the tolerance that counts as reproduced (identical per-example scores, or a
-score within the committed one's 95 % per-example interval); nothing in the checkout changes."""
+printed beside the committed row and judged by the reproduction rule (report.REPRODUCED: identical per-example
+scores, or every reading the row enters unchanged with the fresh row in its place); nothing in the checkout
+changes."""
 
 from __future__ import annotations
 
+import gzip
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import reproduce
-from scipy.stats import t
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -23,26 +23,48 @@ def _row(scores: list[float], loss=None, loss_se=None, **extra) -> dict:
                                 "answer_loss_se": loss_se}}}
 
 
-def test_identical_scores_are_identical_and_the_tolerance_is_the_committed_scores_95_percent_interval():
+def _group(mutor: list[float], **extra) -> list[dict]:
+    """Next-token at 50 % and MuToR, seeds 0-2 of 300 items: MuToR at ``mutor`` on every seed."""
+    base = [1.0] * 150 + [0.0] * 150
+    return [_row(list(base), run=f"next_token_s{s}", method="next_token", seed=s, tag="", **extra)
+            for s in range(3)] + \
+           [_row(list(mutor), run=f"mutor_s{s}", method="mutor", seed=s, tag="", **extra) for s in range(3)]
+
+
+def test_identical_scores_are_identical_whatever_the_readings():
     scores = [1.0] * 150 + [0.0] * 150                                      # 50 % of 300
     (line,) = reproduce.compare(_row(scores), _row(list(scores)))
-    sd = 100 * math.sqrt(0.25 * 300 / 299)                                  # the points' s.d.
-    assert line["tolerance"] == pytest.approx(t.ppf(0.975, 299) * sd / math.sqrt(300))   # 5.69 points
-    assert (line["status"], line["same_items"], line["difference"]) == ("identical", 300, 0.0)
+    assert (line["status"], line["same_items"], line["difference"], line["readings"]) == ("identical", 300, 0.0, 0)
+    assert "tolerance" not in line and reproduce.reproduced([line])
+
+
+def test_flipped_answers_reproduce_the_row_only_where_every_reading_it_enters_is_unchanged():
+    rows = _group([1.0] * 180 + [0.0] * 120)                                # MuToR +10 points on every seed: a finding
+    committed = rows[3]
+    few = dict(committed, splits={"test": {"n": 300, "per_example": [0.0] * 5 + committed["splits"]["test"]
+                                           ["per_example"][5:]}})          # -1.7 points: still better
+    (line,) = reproduce.compare(committed, few, rows=rows)
+    assert line["status"] == "readings unchanged" and line["same_items"] == 295 and line["readings"] == 1
+    assert line["difference"] == pytest.approx(-100 * 5 / 300) and line["moved"] == pytest.approx(100 * 5 / 900)
     assert reproduce.reproduced([line])
-
-
-def test_a_few_answers_flipped_are_within_tolerance_and_many_are_not():
-    scores = [1.0] * 150 + [0.0] * 150
-    few = [0.0] * 5 + scores[5:]                                            # -1.7 points
-    (line,) = reproduce.compare(_row(scores), _row(few))
-    assert line["status"] == "within tolerance" and line["same_items"] == 295
-    assert line["difference"] == pytest.approx(-100 * 5 / 300)
-    many = [0.0] * 30 + scores[30:]                                         # -10 points, beyond 5.69
-    (line,) = reproduce.compare(_row(scores), _row(many))
+    many = dict(committed, splits={"test": {"n": 300, "per_example": [0.0] * 90 + [1.0] * 90 + [0.0] * 120}})
+    (line,) = reproduce.compare(committed, many, rows=rows)                 # 30 %: the mean gap falls to 0
     assert line["status"] == "NOT reproduced" and not reproduce.reproduced([line])
-    assert "| test | exact match (points) | 50.0 | 40.0 | -10.0 | 5.7 | 270/300 | - | NOT reproduced |" in \
-        reproduce.table([line])
+    assert line["changed"] == ["g: mutor - next_token: better than next-token (+10.0 [+8.0, +12.0]) -> not shown "
+                               "(+0 [-43, +43])"]
+    assert "| test | exact match (points) | 60.0 | 30.0 | -30.0 | 210/300 | - | 1; changed: g: mutor - next_token:" \
+        in reproduce.table([line], committed)
+    (line,) = reproduce.compare(committed, few)                             # alone it enters no reading
+    assert line["status"] == "NOT reproduced" and line["readings"] == 0
+
+
+def test_a_not_shown_reading_whose_mean_changes_sign_is_a_changed_reading():
+    rows = _group([1.0] * 151 + [0.0] * 149)                                # +0.3 points: not shown
+    committed = rows[3]
+    fresh = dict(committed, splits={"test": {"n": 300, "per_example": [0.0] * 5 + [1.0] * 146 + [0.0] * 149}})
+    (line,) = reproduce.compare(committed, fresh, rows=rows)
+    assert line["status"] == "NOT reproduced" and "not shown (+0.3" in line["changed"][0]
+    assert "-> not shown (-0.2" in line["changed"][0]                       # the mean's sign flipped
 
 
 def test_answers_and_answer_loss_are_compared_too():
@@ -51,10 +73,17 @@ def test_answers_and_answer_loss_are_compared_too():
                               {"test": ["a", "b", "c", "d"]}, {"test": ["a", "b", "x", "d"]})
     em, loss = lines
     assert em["same_answers"] == 3 and em["status"] == "identical"          # the scores agree, one text differs
-    assert loss["measure"] == "answer loss (nats)" and loss["tolerance"] == pytest.approx(t.ppf(0.975, 3) * 0.01)
-    assert loss["status"] == "within tolerance"
-    far = reproduce.compare(_row(scores, 0.5, 0.01), _row(scores, 0.6, 0.01))[1]
-    assert far["status"] == "NOT reproduced"
+    assert loss["measure"] == "answer loss (nats)" and loss["status"] == "NOT reproduced"   # no reading to judge by
+    assert reproduce.compare(_row(scores, 0.5, 0.01), _row(scores, 0.5, 0.01))[1]["status"] == "identical"
+    rows = [dict(r, splits={"test": {**r["splits"]["test"], "answer_loss": 0.5 + 0.1 * (r["method"] == "mutor"),
+                                     "answer_loss_per_example": [0.5 + 0.1 * (r["method"] == "mutor") + 0.01 * i
+                                                                 for i in range(300)]}})
+            for r in _group([1.0] * 150 + [0.0] * 150)]
+    committed = rows[3]
+    fresh = dict(committed, splits={"test": {**committed["splits"]["test"], "answer_loss": 0.61,
+                                             "answer_loss_per_example": [0.61 + 0.01 * i for i in range(300)]}})
+    loss = reproduce.compare(committed, fresh, rows=rows)[1]
+    assert (loss["status"], loss["same_items"], loss["readings"]) == ("readings unchanged", 0, 1)
     with pytest.raises(SystemExit, match="not in both rows"):
         reproduce.compare(_row(scores), _row(scores), ["validation"])
 
@@ -123,7 +152,7 @@ groups:
     again = run(ROOT / "experiments/evidence/reproduce.py", "tiny/mutor_s0", "--plan", plan,
                 "--scratch", tmp_path / "scratch")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "| test | exact match (points) |" in again.stdout and "| 4/4 | 4/4 | identical |" in again.stdout
+    assert "| test | exact match (points) |" in again.stdout and "| 4/4 | 4/4 | none | identical |" in again.stdout
     assert "resolved recipe: the same as the committed row's" in again.stdout
     assert row["machine"]["torch"] and "machine: the same kind as the committed row's" in again.stdout
     assert again.stdout.rstrip().endswith("reproduced (identical)")
@@ -144,8 +173,6 @@ groups:
 
 
 def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
-    import gzip
-
     import report
 
     results = tmp_path / "results.jsonl"
@@ -158,17 +185,52 @@ def test_a_recorded_reproduction_is_kept_beside_the_rows_and_reported(tmp_path):
     for _ in range(2):                                     # recorded twice: the later replaces the earlier
         reproduce.record(results, committed, fresh, lines, {"test": answers})
     (row,) = report.load(results.with_name("reproductions.jsonl"))
-    assert row["reproduced"] and not row["identical"] and row["code"] == "bbb"
+    assert not row["reproduced"] and not row["identical"] and row["code"] == "bbb" and "rule" in row
     assert report.reproduction_path(results, "g", "mutor_s0", "test").read_bytes() == answers.read_bytes()
+    assert json.loads(report.reproduction_row_path(results, "g", "mutor_s0").read_text()) == fresh
     table = report.reproductions_table([row])
     assert "| g | mutor_s0 | test | exact match (points) |" in table
-    assert "| 3/4 | within tolerance | aaa, bbb | 1, 2 |" in table
+    assert "| 3/4 | - | NOT reproduced | aaa, bbb | 1, 2 |" in table                  # it enters no reading
     older = {k: v for k, v in row.items() if k != "committed_threads"}      # recorded before the field existed
     assert "| aaa, bbb | 1, 2 |" in report.reproductions_table([older], [committed])
     assert "| aaa, bbb | ?, 2 |" in report.reproductions_table([older])
     assert "no; trained again: test" in report.runs_table([{**committed, "method": "mutor", "tag": "", "seed": 0,
                                                             "epochs": 1, "selected_checkpoint": "checkpoint-1",
                                                             "train_cpu_seconds": 1, "peak_rss_gb": 1}], results)
+
+
+def test_the_report_judges_every_recorded_reproduction_again_against_the_rows_as_they_are(tmp_path):
+    """A verdict recorded by an earlier rule is not taken as it was: report.py rebuilds the fresh row (from its
+    kept row.json, or, recorded without one, from the fresh answers' per-example scores) and judges it by the rule
+    against the committed rows, whose readings it enters."""
+    import report
+
+    results = tmp_path / "results.jsonl"
+    rows = _group([1.0] * 180 + [0.0] * 120)                                # MuToR +10 on every seed: a finding
+    committed = rows[3]
+    flipped = [0.0] * 5 + committed["splits"]["test"]["per_example"][5:]
+    older = {"group": "g", "run": "mutor_s0", "same_precision": True, "precision": "precision: the same",
+             "lines": [{"split": "test", "measure": "exact match (points)", "committed": 60.0, "fresh": 100 * 175 / 300,
+                        "difference": -100 * 5 / 300, "tolerance": 5.6, "n": 300, "same_items": 295,
+                        "same_answers": None, "status": "within tolerance"}]}
+    path = report.reproduction_path(results, "g", "mutor_s0", "test")
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as f:                                         # the fresh answers, scored
+        f.write("".join(json.dumps({"generation": "x", "accuracy": 100.0 * v}) + "\n" for v in flipped))
+    (judged,) = report.rejudged(results, rows, [older])
+    (line,) = judged["lines"]
+    assert line["verdict"] == "readings unchanged" and line["judged"]["same_items"] == 295
+    assert "1, unchanged (means moved by 0.6 at most) | readings unchanged |" in \
+        report.reproductions_table([judged], rows, judged=True)
+    assert "1 not identical with every reading unchanged" in report.reproductions_summary([judged])
+    assert "295/300 to 295/300" in report.reproductions_summary([judged])
+    fresh = dict(committed, splits={"test": {"n": 300, "per_example": [0.0] * 90 + [1.0] * 90 + [0.0] * 120}})
+    report.reproduction_row_path(results, "g", "mutor_s0").write_text(json.dumps(fresh))  # kept: it is judged by it
+    (judged,) = report.rejudged(results, rows, [older])
+    assert judged["lines"][0]["verdict"] == "NOT reproduced"
+    assert "1 NOT reproduced" in report.reproductions_summary([judged])
+    other = dict(older, same_precision=False, precision="precision: DIFFERS")
+    assert report.rejudged(results, rows, [other])[0]["lines"][0]["verdict"] == "not comparable: precision: DIFFERS"
 
 
 def test_reproductions_recorded_side_by_side_keep_both_verdicts(tmp_path, monkeypatch):

@@ -85,3 +85,24 @@ def test_the_best_weight_is_picked_on_validation_over_both_tasks_once_every_run_
     partial = tradeoff.pick(rows[1:], groups, weights)              # a = 0.1 has 5 of its 6 runs
     assert partial["weight"] is None and partial["runs"] == {0.1: 5, 0.3: 6}
     assert "undecided until each weight has 6 runs" in tradeoff.pick_line(partial)
+
+
+def test_the_margin_behind_the_pick_is_counted_in_validation_items_per_task_and_over_both():
+    groups, weights = ("t1", "t2"), (0.1, 0.3)
+    rows = [dict(_row("mutor", s, [1], a=a, val=v, group=g), overrides=["data.num_validation=50"])
+            for g in groups for s in range(3) for a, v in ((0.1, 0.8), (0.3, 0.7 if g == "t1" else 0.9))]
+    rows[0]["per_checkpoint"][1]["accuracy"] = 0.86                 # t1, seed 0, a = 0.1: 43 of 50
+    m = tradeoff.margin(rows, groups, weights)
+    assert m["right"] == {"t1": {0.1: 123, 0.3: 105}, "t2": {0.1: 120, 0.3: 135}}
+    assert m["of"]["t1"] == {0.1: 150, 0.3: 150}
+    line = tradeoff.margin_line(rows, tradeoff.pick(rows, groups, weights), groups)
+    assert "t1: a = 0.1: 123, a = 0.3: 105 of 150" in line and "over both: a = 0.1: 243, a = 0.3: 240 of 300" in line
+    assert line.endswith("The pick leads a = 0.3, the next, by 3 items of 300.")
+
+
+def test_the_weights_are_paired_against_each_other_by_seed_and_read_by_the_claim_rule():
+    pairs = tradeoff.between(ROWS, groups=("g",))
+    (pair,) = pairs                                                  # a = 0.1 against a = 0.3, seeds 0 and 1
+    assert (pair["a"], pair["b"], pair["seeds"]) == (0.1, 0.3, 2)
+    assert pair["interval"].mean == pytest.approx(50.0) and pair["reading"] == "exploratory (2 seeds)"
+    assert "| g | - | 0.1 − 0.3 | 2 | +50" in tradeoff.between_table(pairs)
