@@ -30,10 +30,10 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mutor`` argument parser, with a subparser per command."""
-    from .. import __version__
+    from importlib.metadata import version
 
     parser = argparse.ArgumentParser(prog="mutor", description="MuToR: multi-token prediction with register tokens.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('mutor')}",
                         help="print mutor's version and exit")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of user errors too (also MUTOR_DEBUG=1)")
