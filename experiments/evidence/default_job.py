@@ -53,12 +53,12 @@ def candidate(rows: list[dict], group: str, tag: str) -> dict:
     per_example = [[a - b for a, b in zip(mine[s]["splits"]["test"]["per_example"],
                                           nt[s]["splits"]["test"]["per_example"])] for s in seeds]
     iv = paired([a - b for a, b in zip(m, n)], per_example)
-    wall = [mine[s]["train_wall_seconds"] + nt[s]["train_wall_seconds"] for s in seeds]
+    cpu = [mine[s]["train_cpu_seconds"] + nt[s]["train_cpu_seconds"] for s in seeds]     # wall time moves with load
     return {**out, "mutor": m, "next_token": n, "mutor_mean": sum(m) / len(m), "next_token_mean": sum(n) / len(n),
             "mutor_escaped": sum(x > ESCAPE for x in m), "next_token_escaped": sum(x > ESCAPE for x in n),
             "mutor_solved": sum(x > SOLVED for x in m), "next_token_solved": sum(x > SOLVED for x in n),
             "difference": format_interval(iv, scale=100.0), "holds": iv.holds,
-            "pair_train_minutes": round(sum(wall) / len(wall) / 60, 1)}
+            "pair_cpu_minutes": round(sum(cpu) / len(cpu) / 60, 1)}
 
 
 def pick(table: dict[str, dict]) -> str:
@@ -80,7 +80,7 @@ def pick(table: dict[str, dict]) -> str:
 
 def markdown(table: dict[str, dict]) -> str:
     lines = ["| candidate | seeds | MuToR mean | next-token mean | MuToR > 0.6 / > 0.9 | next-token > 0.6 / > 0.9 | "
-             "MuToR - next-token (points, 95 % CI) | both methods' training, minutes |",
+             "MuToR - next-token (points, 95 % CI) | both methods' training, CPU minutes |",
              "|---|---|---|---|---|---|---|---|"]
     for k, c in table.items():
         if not c["seeds"]:
@@ -88,7 +88,7 @@ def markdown(table: dict[str, dict]) -> str:
             continue
         lines.append(f"| {k} | {len(c['seeds'])} | {c['mutor_mean']:.3f} | {c['next_token_mean']:.3f} | "
                      f"{c['mutor_escaped']} / {c['mutor_solved']} | {c['next_token_escaped']} / "
-                     f"{c['next_token_solved']} | {c['difference']} | {c['pair_train_minutes']} |")
+                     f"{c['next_token_solved']} | {c['difference']} | {c['pair_cpu_minutes']} |")
     return "\n".join(lines)
 
 
