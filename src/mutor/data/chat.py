@@ -183,9 +183,10 @@ def _encoded(rows, tokenizer, field: str, path: Optional[str], what: str, max_le
 @register_task("chat")
 def build_chat(options: dict, tokenizer, seed: int) -> TrainingData:
     """Conversations rendered by the tokenizer's chat template, the loss on assistant turns only."""
-    from .text import _check_options, load_rows, pad_id_of
+    from .registry import check_options
+    from .text import load_rows, pad_id_of
 
-    _check_options(options, CHAT_KEYS, "chat")
+    check_options(options, CHAT_KEYS, "chat")
     need_chat_template(tokenizer)
     if tokenizer.eos_token_id is None:
         raise MutorUserError(f"the tokenizer {type(tokenizer).__name__} has no eos token; generation stops at it")

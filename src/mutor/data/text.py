@@ -24,16 +24,10 @@ import os
 from typing import Any, Optional
 
 from ..core.layout import IGNORE_INDEX
-from .registry import TrainingData, register_task
+from .registry import TrainingData, check_options, register_task
 from .templates import TEMPLATES, TextTemplate, get_template, render_completion, render_prompt
 
 _COMMON = {"path", "split", "limit", "max_length", "eval_path", "eval_split", "eval_limit", "num_proc"}
-
-
-def _check_options(options: dict, allowed: set, task: str) -> None:
-    from .registry import check_options
-
-    check_options(options, allowed, task)
 
 
 def load_rows(path: Optional[str] = None, hub_id: Optional[str] = None, hub_config: Optional[str] = None,
@@ -425,7 +419,7 @@ def _check_no_empty_fields(template: TextTemplate, rows, path, what: str, label:
 
 def build_from_template(template: TextTemplate, options: dict, tokenizer, seed: int) -> TrainingData:
     """Training (and optional evaluation) data of a prompt/completion task rendered by ``template``."""
-    _check_options(options, _COMMON, template.name)
+    check_options(options, _COMMON, template.name)
     need_tokenizer(tokenizer, template.name)
     max_length = int(options.get("max_length", template.max_length))
 
@@ -515,7 +509,7 @@ def prompt_completion_template(options: dict) -> TextTemplate:
 def build_prompt_completion(options: dict, tokenizer, seed: int) -> TrainingData:
     """Any prompt/completion data: ``prompt_template``/``completion_template`` are ``str.format`` strings
     over the example's fields (default: fields ``prompt`` and ``completion`` as they are)."""
-    _check_options(options, PROMPT_COMPLETION_KEYS, "prompt_completion")
+    check_options(options, PROMPT_COMPLETION_KEYS, "prompt_completion")
     template = prompt_completion_template(options)
     rest = {k: v for k, v in options.items() if k not in PROMPT_COMPLETION_KEYS - _COMMON}
     return build_from_template(template, rest, tokenizer, seed)
@@ -525,7 +519,7 @@ def build_prompt_completion(options: dict, tokenizer, seed: int) -> TrainingData
 def build_text(options: dict, tokenizer, seed: int) -> TrainingData:
     """Plain-text pretraining data: loss on every token, documents cut into ``max_length`` pieces, packed."""
     allowed = (_COMMON - {"eval_split"}) | {"hub_id", "hub_config", "text_field"}
-    _check_options(options, allowed | {"eval_split"}, "text")
+    check_options(options, allowed | {"eval_split"}, "text")
     need_tokenizer(tokenizer, "text")
     max_length = int(options.get("max_length", 1024))
     field = options.get("text_field", "text")
